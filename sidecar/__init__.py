@@ -1,0 +1,1 @@
+"""The modelpool router: an OpenAI-compatible proxy that hosts the activator."""
