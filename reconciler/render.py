@@ -1,0 +1,247 @@
+"""Turns specs into the Kubernetes objects the reconciler applies, from templates/.
+
+Rendering is pure: one Jinja environment (StrictUndefined) is built when the Renderer is
+made, and each call only fills templates and parses the YAML they print. Nothing here talks
+to the API server, so every manifest can be tested, and printed by `python -m reconciler
+render`, without a cluster. Every interpolated value goes through the `json` filter: JSON is
+YAML, so names, args and env values can never break the document.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from reconciler.router_config import (
+    CONFIG_KEY,
+    RenderError,
+    config_hash,
+    config_json,
+    router_config,
+)
+from reconciler.spec import API_VERSION, ModelPoolSpec, ModelRouterSpec, ModelServerSpec
+
+__all__ = [
+    "MANAGED_BY",
+    "PART_OF",
+    "ROUTER_KINDS",
+    "SERVER_KINDS",
+    "RenderError",
+    "Renderer",
+    "config_map_name",
+    "router_needs_rbac",
+    "router_object_name",
+    "router_selector",
+    "server_selector",
+]
+
+DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+PART_OF = "modelpool"
+MANAGED_BY = "modelpool-reconciler"
+LABEL_SERVER = "modelpool.dev/model-server"
+LABEL_POOL = "modelpool.dev/pool"
+LABEL_ROUTER = "modelpool.dev/router"
+CONFIG_HASH_ANNOTATION = "modelpool.dev/config-hash"
+ROUTER_CONFIG_DIR = "/etc/modelpool/router"
+ROUTER_HTTP_PORT = 8080
+ROUTER_METRICS_PORT = 9090
+
+# (apiVersion, kind) of everything each owner may render: what a pruner looks for.
+SERVER_KINDS: tuple[tuple[str, str], ...] = (("apps/v1", "Deployment"), ("v1", "Service"))
+ROUTER_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("v1", "ConfigMap"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+)
+
+_SERVER_TEMPLATES = ("model-server/deployment.yaml.j2", "model-server/service.yaml.j2")
+_ROUTER_RBAC_TEMPLATES = (
+    "router/serviceaccount.yaml.j2",
+    "router/role.yaml.j2",
+    "router/rolebinding.yaml.j2",
+)
+_ROUTER_TEMPLATES = (
+    "router/configmap.yaml.j2",
+    "router/deployment.yaml.j2",
+    "router/service.yaml.j2",
+)
+
+
+def router_object_name(router: str) -> str:
+    """Name of the router's Deployment, Service, ServiceAccount, Role and RoleBinding."""
+    return f"{router}-router"
+
+
+def config_map_name(router: str) -> str:
+    return f"{router}-config"
+
+
+def server_selector(server: str) -> dict[str, str]:
+    """Labels selecting a ModelServer's pods (also its Deployment's selector)."""
+    return {LABEL_SERVER: server}
+
+
+def router_selector(router: str) -> dict[str, str]:
+    return {LABEL_ROUTER: router}
+
+
+def router_needs_rbac(router: ModelRouterSpec) -> bool:
+    """A router that refers to a ModelServer watches EndpointSlices (and, for pooled
+    members, writes pool requests), so it gets a ServiceAccount, Role and RoleBinding; a
+    router of plain URLs gets none and runs without an API token."""
+    return bool(router.model_server_refs)
+
+
+def _owner(kind: str, name: str, uid: str | None) -> dict[str, Any] | None:
+    if uid is None:
+        return None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if ms.resources.cpu is not None:
+        requests["cpu"] = ms.resources.cpu
+    if ms.resources.memory is not None:
+        requests["memory"] = ms.resources.memory
+        limits["memory"] = ms.resources.memory
+    if ms.resources.gpu > 0:
+        # Extended resources need requests equal to limits.
+        requests[ms.resources.gpu_resource] = str(ms.resources.gpu)
+        limits[ms.resources.gpu_resource] = str(ms.resources.gpu)
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def _readiness_path(ms: ModelServerSpec) -> str | None:
+    if ms.readiness_path:
+        return ms.readiness_path
+    return "/health" if ms.runtime in ("llamacpp", "vllm") else None
+
+
+class Renderer:
+    """Renders ModelServers and ModelRouters; build one at start and share it."""
+
+    def __init__(self, templates_dir: Path | None = None) -> None:
+        self.templates_dir = templates_dir or DEFAULT_TEMPLATES_DIR
+        self._env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(self.templates_dir)),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
+        self._env.filters["json"] = json.dumps
+        names = (*_SERVER_TEMPLATES, *_ROUTER_RBAC_TEMPLATES, *_ROUTER_TEMPLATES)
+        self._templates = {name: self._env.get_template(name) for name in names}
+
+    def _render(self, names: Sequence[str], context: Mapping[str, Any]) -> list[dict[str, Any]]:
+        objects: list[dict[str, Any]] = []
+        for name in names:
+            text = self._templates[name].render(context)
+            try:
+                docs = list(yaml.safe_load_all(text))
+            except yaml.YAMLError as e:
+                raise RenderError(f"template {name} printed invalid YAML: {e}") from e
+            for doc in docs:
+                if doc is None:
+                    continue
+                if not isinstance(doc, dict):
+                    raise RenderError(f"template {name} printed a non-object document")
+                objects.append(doc)
+        return objects
+
+    def model_server(
+        self,
+        ms: ModelServerSpec,
+        *,
+        replicas: int,
+        owner_uid: str | None,
+        pool: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The Deployment and Service of `ms`, at `replicas` (pool members start at 0; the
+        caller decides). `pool` adds the `modelpool.dev/pool` label (not in the selector,
+        so membership can change without replacing the Deployment)."""
+        if replicas < 0:
+            raise RenderError(f"ModelServer {ms.name}: replicas must not be negative")
+        labels = {
+            "app.kubernetes.io/name": "model-server",
+            "app.kubernetes.io/instance": ms.name,
+            "app.kubernetes.io/component": ms.runtime,
+            "app.kubernetes.io/part-of": PART_OF,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            LABEL_SERVER: ms.name,
+        }
+        if pool is not None:
+            labels[LABEL_POOL] = pool
+        context = {
+            "ms": ms,
+            "replicas": replicas,
+            "labels": labels,
+            "selector": server_selector(ms.name),
+            "owner": _owner("ModelServer", ms.name, owner_uid),
+            "resources": _server_resources(ms),
+            "readiness_path": _readiness_path(ms),
+        }
+        return self._render(_SERVER_TEMPLATES, context)
+
+    def router(
+        self,
+        router: ModelRouterSpec,
+        *,
+        servers: Mapping[str, ModelServerSpec],
+        pools: Sequence[ModelPoolSpec],
+        owner_uid: str | None,
+    ) -> list[dict[str, Any]]:
+        """The router's objects: ServiceAccount, Role and RoleBinding (only when
+        `router_needs_rbac`), ConfigMap, Deployment and Service. `servers` maps the
+        namespace's ModelServer names to specs and `pools` are its ModelPools; a backend
+        naming a missing ModelServer, or a member in two pools, raises RenderError."""
+        config_text = config_json(router_config(router, servers, pools))
+        rbac = router_needs_rbac(router)
+        context = {
+            "router": router,
+            "name": router_object_name(router.name),
+            "config_map": config_map_name(router.name),
+            "config_key": CONFIG_KEY,
+            "config_text": config_text,
+            "config_hash": config_hash(config_text),
+            "config_dir": ROUTER_CONFIG_DIR,
+            "config_hash_annotation": CONFIG_HASH_ANNOTATION,
+            "http_port": ROUTER_HTTP_PORT,
+            "metrics_port": ROUTER_METRICS_PORT,
+            "rbac": rbac,
+            "labels": {
+                "app.kubernetes.io/name": "modelpool-router",
+                "app.kubernetes.io/instance": router.name,
+                "app.kubernetes.io/part-of": PART_OF,
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+                LABEL_ROUTER: router.name,
+            },
+            "selector": router_selector(router.name),
+            "owner": _owner("ModelRouter", router.name, owner_uid),
+        }
+        names = (*_ROUTER_RBAC_TEMPLATES, *_ROUTER_TEMPLATES) if rbac else _ROUTER_TEMPLATES
+        return self._render(names, context)
