@@ -1,0 +1,239 @@
+"""The OpenAI-compatible API: routes a request by its `model`, activates, forwards.
+
+This module is the router's shell around the pure parts (routing, auth, errors): it reads
+the body once, asks the activator for a target, and hands the bytes to `upstream`, the
+only module that talks to model servers. The activator is reached through the
+`Activation` protocol below, which `sidecar.activation.Activation` satisfies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar
+
+from aiohttp import web
+
+from sidecar import errors, upstream
+from sidecar.auth import NO_KEYS, ApiKeys
+from sidecar.config import BackendConfig, RouterConfig
+from sidecar.errors import ProxyError
+from sidecar.metrics import RouterMetrics
+from sidecar.routing import Routes, build_routes
+
+logger = logging.getLogger(__name__)
+
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+# requests_total's `model` label is the backend name, so a client cannot grow it at will;
+# requests that never reached a backend use these.
+UNROUTED = ""
+UNKNOWN_MODEL = "unknown"
+# nginx's convention for a request the client abandoned.
+CLIENT_CLOSED = 499
+
+
+class Target(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
+
+
+T = TypeVar("T", bound=Target)
+
+
+class Activation(Protocol[T]):
+    """The activator as the proxy uses it."""
+
+    def acquire(self, backend: BackendConfig) -> AbstractAsyncContextManager[T]: ...
+
+    def report_connect_failure(self, target: T) -> None: ...
+
+    def model_states(self) -> dict[str, str]: ...
+
+    def ready(self) -> bool: ...
+
+    def update_config(self, config: RouterConfig) -> None: ...
+
+    async def run(self) -> None: ...
+
+    async def shutdown(self, retry_after: float) -> None: ...
+
+
+class Live:
+    """What may change while the router runs: the config (and its routes) and the keys."""
+
+    def __init__(self, config: RouterConfig, keys: ApiKeys = NO_KEYS) -> None:
+        self.config = config
+        self.routes: Routes = build_routes(config)
+        self.keys = keys
+
+    def apply_config(self, config: RouterConfig) -> None:
+        # One assignment each: a request sees either the old pair or the new one.
+        routes = build_routes(config)
+        self.config, self.routes = config, routes
+
+
+class Proxy:
+    def __init__(
+        self,
+        live: Live,
+        activation: Activation[Any],
+        metrics: RouterMetrics,
+        *,
+        connect_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._live = live
+        self._activation = activation
+        self._metrics = metrics
+        self._connect_timeout = connect_timeout
+        self._clock = clock
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        started = self._clock()
+        label = UNROUTED
+        try:
+            self._authorize(request)
+            live = self._live
+            body = await _read_body(request, live.config.max_body_bytes)
+            model = _model_of(body)
+            backend = live.routes.resolve(model)
+            if backend is None:
+                label = UNKNOWN_MODEL
+                raise errors.model_not_found(model)
+            label = backend.name
+            relay = await self._dispatch(request, backend, body, started)
+        except asyncio.CancelledError:
+            # The client went away (the server cancels its handler): a held request
+            # leaves its place in the queue by this cancellation.
+            self._metrics.request_done(label, CLIENT_CLOSED, self._clock() - started)
+            raise
+        except ProxyError as err:
+            response = errors.error_response(err)
+            self._metrics.request_done(label, err.status, self._clock() - started)
+            return response
+        if relay.upstream_failure is not None:
+            self._metrics.upstream_error(label, relay.upstream_failure)
+        code = CLIENT_CLOSED if relay.client_gone else relay.response.status
+        self._metrics.request_done(label, code, self._clock() - started)
+        return relay.response
+
+    async def _dispatch(
+        self, request: web.Request, backend: BackendConfig, body: bytes, started: float
+    ) -> upstream.Relay:
+        live = self._live
+        headers = upstream.request_headers(
+            request.headers,
+            # The router's own key is not the upstream's business.
+            drop=frozenset({"authorization"}) if live.keys.enabled else frozenset(),
+        )
+
+        def first_chunk() -> None:
+            self._metrics.first_byte(backend.name, self._clock() - started)
+
+        try:
+            async with self._activation.acquire(backend) as target:
+                try:
+                    return await upstream.forward(
+                        request,
+                        request.app[upstream.SESSION],
+                        url=target.base_url.rstrip("/") + request.path_qs,
+                        body=body,
+                        headers=headers,
+                        connect_timeout=self._connect_timeout,
+                        # Starts now, with the member resident: a hold never eats into it.
+                        read_timeout=live.config.response_header_timeout_seconds,
+                        on_first_chunk=first_chunk,
+                    )
+                except Exception as e:
+                    err = errors.translate(e, backend.name)
+                    if err.kind is None:
+                        raise
+                    self._metrics.upstream_error(backend.name, err.kind)
+                    if errors.is_connect_failure(err):
+                        self._activation.report_connect_failure(target)
+                    logger.warning("backend %s: %s", backend.name, err.message)
+                    raise err from e
+        except ProxyError:
+            raise
+        except Exception as e:
+            err = errors.translate(e, backend.name)
+            if err.status == 500:
+                logger.exception("request for backend %s failed", backend.name)
+            raise err from e
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            self._authorize(request)
+        except ProxyError as err:
+            return errors.error_response(err)
+        states = self._activation.model_states()
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "modelpool",
+                "backend": backend.name,
+                "state": states.get(backend.name, "unavailable"),
+            }
+            for name, backend in self._live.routes.names()
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    def _authorize(self, request: web.Request) -> None:
+        if not self._live.keys.allows(request.headers.get("Authorization")):
+            raise errors.unauthorized()
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, read once, refused past `limit` bytes without reading the rest."""
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.body_too_large(limit)
+    chunks = bytearray()
+    async for chunk in request.content.iter_any():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise errors.body_too_large(limit)
+    return bytes(chunks)
+
+
+def _model_of(body: bytes) -> str:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise errors.bad_request(f"Request body is not valid JSON: {e}") from e
+    if not isinstance(payload, dict):
+        raise errors.bad_request("Request body must be a JSON object.")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise errors.bad_request("Request body needs a string 'model' field.", param="model")
+    return model
+
+
+PROXY = web.AppKey("proxy", Proxy)
+
+
+def make_app(
+    live: Live,
+    activation: Activation[Any],
+    metrics: RouterMetrics,
+    *,
+    connect_timeout: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    """The API application; its upstream session lives and dies with it."""
+    proxy = Proxy(live, activation, metrics, connect_timeout=connect_timeout, clock=clock)
+    app = web.Application()
+    app[PROXY] = proxy
+    app.cleanup_ctx.append(upstream.session_context(connect_timeout))
+    for path in COMPLETION_PATHS:
+        app.router.add_post(path, proxy.completions)
+    app.router.add_get("/v1/models", proxy.models)
+    return app

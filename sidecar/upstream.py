@@ -1,0 +1,162 @@
+"""The one place the router makes upstream HTTP calls.
+
+One `ClientSession` per application, created and closed in `cleanup_ctx`. Bodies pass
+through unchanged (no decompression, no re-encoding) and responses stream chunk by chunk
+into a `StreamResponse`, so server-sent events reach the client as the model emits them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+logger = logging.getLogger(__name__)
+
+SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
+
+# RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Set by the client library from the body it sends; never copied from the client.
+_REQUEST_OWN = frozenset({"host", "content-length"})
+
+
+@dataclass
+class Relay:
+    """How a forwarded response ended once it had started."""
+
+    response: web.StreamResponse
+    # Set when the upstream broke mid-response (kind for metrics); the client's
+    # connection has then been closed so it cannot mistake a truncated body for a whole one.
+    upstream_failure: str | None = None
+    client_gone: bool = False
+
+
+def session_context(
+    connect_timeout: float,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        session = aiohttp.ClientSession(
+            # A proxy must not cap concurrency below the model servers' own limits.
+            connector=aiohttp.TCPConnector(limit=0),
+            # The default 300 s total would cut long generations; reads are bounded per call.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
+            # Pass bytes as they are: the client negotiated the encoding, not us.
+            auto_decompress=False,
+            # Headers the library would invent; the client's own are forwarded instead.
+            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        app[SESSION] = session
+        yield
+        await session.close()
+
+    return ctx
+
+
+def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
+    value = headers.get("Connection")
+    if not value:
+        return frozenset()
+    return frozenset(t.strip().lower() for t in value.split(","))
+
+
+def request_headers(
+    headers: CIMultiDictProxy[str], *, drop: frozenset[str] = frozenset()
+) -> CIMultiDict[str]:
+    """The client's headers minus hop-by-hop ones and any in `drop` (lower case)."""
+    skip = HOP_BY_HOP | _REQUEST_OWN | _connection_tokens(headers) | drop
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
+
+
+def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    skip = HOP_BY_HOP | _connection_tokens(headers)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
+
+
+async def forward(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    *,
+    url: str,
+    body: bytes,
+    headers: CIMultiDict[str],
+    connect_timeout: float,
+    read_timeout: float,
+    on_first_chunk: Callable[[], None],
+) -> Relay:
+    """Send `body` to `url` and stream the answer back to the client of `request`.
+
+    Errors before the response starts are aiohttp's own and propagate (the caller
+    translates them into an error answer); after it has started they end the relay.
+    """
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=connect_timeout, sock_read=read_timeout
+    )
+    async with session.request(
+        request.method,
+        url,
+        data=body,
+        headers=headers,
+        timeout=timeout,
+        allow_redirects=False,
+    ) as upstream:
+        response = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=response_headers(upstream.headers),
+        )
+        try:
+            await response.prepare(request)
+        except ConnectionError:
+            return Relay(response, client_gone=True)
+        first = True
+        while True:
+            try:
+                chunk, end_of_chunk = await upstream.content.readchunk()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+                return _broken(request, response, "disconnect", e)
+            except TimeoutError as e:
+                return _broken(request, response, "timeout", e)
+            if not chunk and end_of_chunk:
+                continue  # an HTTP chunk boundary with no new data
+            if first:
+                on_first_chunk()
+                first = False
+            if not chunk:
+                break  # end of body
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                # The client went away; leaving the block closes the upstream call too.
+                return Relay(response, client_gone=True)
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            return Relay(response, client_gone=True)
+        return Relay(response)
+
+
+def _broken(
+    request: web.Request, response: web.StreamResponse, kind: str, exc: BaseException
+) -> Relay:
+    logger.warning("upstream failed mid-response for %s: %s", request.path, exc)
+    if request.transport is not None:
+        request.transport.close()
+    return Relay(response, upstream_failure=kind)
