@@ -1,0 +1,518 @@
+"""The activator's decisions for one ModelPool, as a pure state machine.
+
+Every decision a router makes about a pool lives here, apart from I/O so that tables of
+cases can pin it down: which requests are served at once (coalesced onto the resident),
+which are held, when the swap request is written into the pool's `status.request`, when
+it is withdrawn, and when held requests are answered with an error. The async shell
+(`sidecar.activation`) feeds events with the time and executes the actions; nothing in
+this module awaits, reads a clock, touches the network or counts metrics.
+
+Several router replicas share one pool, so the machine trusts only the shared status:
+it writes a request by compare-and-swap against the generation it last read, and after a
+lost race it re-reads before deciding again (docs/contracts.md section 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from sidecar.retry_after import retry_after_seconds
+
+# Error codes the shell turns into ActivationError (and the proxy into 503 + Retry-After).
+SWAP_BUDGET_EXCEEDED = "swap_budget_exceeded"
+TOO_MANY_HELD_REQUESTS = "too_many_held_requests"
+SWAP_ABANDONED = "swap_abandoned"
+SHUTTING_DOWN = "shutting_down"
+
+# A swap in these phases has begun unloading its incumbent: withdrawing no longer helps,
+# and the incumbent must not receive new requests.
+_PAST_DRAINING = frozenset({"Unloading", "Loading"})
+_FAILED_OUTCOMES = frozenset({"Abandoned", "Failed"})
+_RECENT_SWAPS = 10
+_WRITE_BACKOFF_MAX = 10.0
+
+
+# --- The shared pool status, as the router reads it -------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    member: str | None
+    generation: int
+    requested_by: str | None = None
+
+
+@dataclass(frozen=True)
+class SwapProgress:
+    from_member: str | None
+    to_member: str
+    generation: int | None
+    phase: str
+
+
+@dataclass(frozen=True)
+class LastSwap:
+    from_member: str | None
+    to_member: str | None
+    generation: int | None
+    outcome: str
+    duration_seconds: float | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What a router needs of a ModelPool: its status and the version it was read at."""
+
+    name: str
+    resource_version: str
+    status_present: bool = True
+    resident_member: str | None = None
+    request: PoolRequest | None = None
+    swap: SwapProgress | None = None
+    last_swap: LastSwap | None = None
+
+
+# --- State --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """The pool's settings from the router config, and the router-wide hold cap."""
+
+    members: tuple[str, ...]
+    swap_budget: float
+    max_held: int
+    max_wait: float | None = None  # set only for the fair policy
+
+
+@dataclass(frozen=True)
+class Waiter:
+    id: int
+    member: str
+    since: float
+
+
+@dataclass(frozen=True)
+class PoolState:
+    name: str
+    identity: str  # requestedBy of our own writes: ns/router/pod
+    limits: PoolLimits
+    status: PoolStatus | None = None  # None until the first list or read
+    ready: frozenset[str] = frozenset()  # members with a ready endpoint
+    waiters: tuple[Waiter, ...] = ()  # oldest first
+    writing: PoolRequest | None = None  # the request being written, at its new generation
+    needs_read: bool = False  # a write lost its race: decide again only after a re-read
+    write_retry_at: float | None = None
+    write_failures: int = 0
+    recent_swaps: tuple[float, ...] = ()  # durations of recent successful swaps
+    closed: bool = False
+
+
+def initial_state(name: str, identity: str, limits: PoolLimits) -> PoolState:
+    return PoolState(name=name, identity=identity, limits=limits)
+
+
+# --- Events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arrive:
+    """A request for `member`; `held_elsewhere` counts this router's other held requests."""
+
+    waiter: int
+    member: str
+    held_elsewhere: int = 0
+
+
+@dataclass(frozen=True)
+class Leave:
+    """The client went away (cancellation). Never aborts a load; may withdraw a request."""
+
+    waiter: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: deadlines are checked on every event, this one carries nothing else."""
+
+
+@dataclass(frozen=True)
+class PoolObserved:
+    status: PoolStatus | None  # None: the pool is gone (or not yet created)
+
+
+@dataclass(frozen=True)
+class EndpointsObserved:
+    ready: frozenset[str]
+
+
+@dataclass(frozen=True)
+class WriteSucceeded:
+    status: PoolStatus  # the pool as the patch left it
+
+
+@dataclass(frozen=True)
+class WriteConflicted:
+    """The `test` op failed: someone wrote first."""
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    """The API server could not be reached or refused for another reason."""
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    limits: PoolLimits
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    retry_after: float
+
+
+Event = (
+    Arrive
+    | Leave
+    | Tick
+    | PoolObserved
+    | EndpointsObserved
+    | WriteSucceeded
+    | WriteConflicted
+    | WriteFailed
+    | Reconfigure
+    | Shutdown
+)
+
+
+# --- Actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Dispatch the request now. `held_for` is None when it was served at once (coalesced)."""
+
+    waiter: int
+    member: str
+    held_for: float | None
+
+
+@dataclass(frozen=True)
+class Fail:
+    waiter: int
+    member: str
+    code: str
+    message: str
+    retry_after: float
+    held_for: float | None
+
+
+@dataclass(frozen=True)
+class WriteRequest:
+    """CAS-write `status.request`: `request` is the new value, `expected` what we read."""
+
+    request: PoolRequest
+    expected: PoolRequest | None
+    resource_version: str
+    status_present: bool
+
+
+@dataclass(frozen=True)
+class Reread:
+    """Read the pool again and feed the result back as PoolObserved."""
+
+
+Action = Admit | Fail | WriteRequest | Reread
+
+
+# --- Queries the shell uses ---------------------------------------------------------------
+
+
+def is_resident(state: PoolState, member: str) -> bool:
+    """Resident = the shared status names it AND a ready endpoint exists AND it is not being
+    unloaded."""
+    status = state.status
+    if status is None or status.resident_member != member or member not in state.ready:
+        return False
+    swap = status.swap
+    return not (swap is not None and swap.from_member == member and swap.phase in _PAST_DRAINING)
+
+
+def member_state(state: PoolState, member: str) -> str:
+    """resident, loading or stopped; unavailable when the pool's status is unknown."""
+    status = state.status
+    if status is None or member not in state.limits.members:
+        return "unavailable"
+    if is_resident(state, member):
+        return "resident"
+    if status.resident_member == member and status.swap is None:
+        return "loading"  # named resident, endpoint not ready yet
+    if status.swap is not None and status.swap.to_member == member:
+        return "loading"
+    if status.request is not None and status.request.member == member:
+        return "loading"
+    return "stopped"
+
+
+def held_counts(state: PoolState) -> dict[str, int]:
+    counts = dict.fromkeys(state.limits.members, 0)
+    for w in state.waiters:
+        counts[w.member] = counts.get(w.member, 0) + 1
+    return counts
+
+
+def next_wakeup(state: PoolState, now: float) -> float | None:
+    """The next time a Tick can change something (a hold deadline, the fair policy's turn,
+    a write retry), or None."""
+    times: list[float] = [w.since + state.limits.swap_budget for w in state.waiters]
+    if state.limits.max_wait is not None:
+        times += [t for w in _non_incumbent(state) if (t := w.since + state.limits.max_wait) > now]
+    if state.write_retry_at is not None:
+        times.append(state.write_retry_at)
+    return min(times, default=None)
+
+
+# --- The step -----------------------------------------------------------------------------
+
+
+def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
+    actions: list[Action] = []
+    state = _apply(state, event, now, actions)
+    state = _expire(state, now, actions)
+    state = _admit(state, now, actions)
+    state = _decide(state, now, actions)
+    return state, actions
+
+
+def _apply(state: PoolState, event: Event, now: float, actions: list[Action]) -> PoolState:
+    match event:
+        case Arrive(waiter=wid, member=member, held_elsewhere=elsewhere):
+            return _arrive(state, wid, member, elsewhere, now, actions)
+        case Leave(waiter=wid):
+            return replace(state, waiters=tuple(w for w in state.waiters if w.id != wid))
+        case Tick():
+            if state.write_retry_at is not None and now >= state.write_retry_at:
+                return replace(state, write_retry_at=None)
+            return state
+        case PoolObserved(status=status):
+            return _observe(state, status, now, actions)
+        case EndpointsObserved(ready=ready):
+            return replace(state, ready=ready)
+        case WriteSucceeded(status=status):
+            state = replace(state, writing=None, write_failures=0, write_retry_at=None)
+            return _observe(state, status, now, actions)
+        case WriteConflicted():
+            actions.append(Reread())
+            return replace(state, writing=None, needs_read=True)
+        case WriteFailed():
+            failures = state.write_failures + 1
+            backoff = min(_WRITE_BACKOFF_MAX, 0.5 * 2 ** (failures - 1))
+            return replace(
+                state, writing=None, write_failures=failures, write_retry_at=now + backoff
+            )
+        case Reconfigure(limits=limits):
+            return replace(state, limits=limits)
+        case Shutdown(retry_after=retry_after):
+            for w in state.waiters:
+                actions.append(
+                    Fail(
+                        w.id,
+                        w.member,
+                        SHUTTING_DOWN,
+                        "the router is shutting down",
+                        retry_after,
+                        now - w.since,
+                    )
+                )
+            return replace(state, waiters=(), closed=True)
+    raise AssertionError(f"unknown event {event!r}")  # pragma: no cover
+
+
+def _arrive(
+    state: PoolState, wid: int, member: str, elsewhere: int, now: float, actions: list[Action]
+) -> PoolState:
+    if state.closed:
+        actions.append(
+            Fail(
+                wid,
+                member,
+                SHUTTING_DOWN,
+                "the router is shutting down",
+                _retry_after(state, None),
+                None,
+            )
+        )
+        return state
+    waiter = Waiter(wid, member, now)
+    if _admissible(state, waiter):
+        actions.append(Admit(wid, member, None))
+        return state
+    if len(state.waiters) + elsewhere >= state.limits.max_held:
+        actions.append(
+            Fail(
+                wid,
+                member,
+                TOO_MANY_HELD_REQUESTS,
+                f"{state.limits.max_held} requests are already held; try again later",
+                _retry_after(state, _oldest_wait(state, now)),
+                None,
+            )
+        )
+        return state
+    return replace(state, waiters=(*state.waiters, waiter))
+
+
+def _observe(
+    state: PoolState, status: PoolStatus | None, now: float, actions: list[Action]
+) -> PoolState:
+    old = state.status
+    if status is not None and old is not None and _older(status, old):
+        return replace(state, needs_read=False)  # a stale read: keep what we know
+    state = replace(state, status=status, needs_read=False)
+    if status is None or old is None:
+        return state  # the first sight of a pool's history is not news
+    last = status.last_swap
+    if last is None or last == old.last_swap:
+        return state
+    if last.outcome == "Succeeded" and last.duration_seconds is not None:
+        recent = (*state.recent_swaps, last.duration_seconds)[-_RECENT_SWAPS:]
+        state = replace(state, recent_swaps=recent)
+    if last.outcome in _FAILED_OUTCOMES and last.to_member is not None:
+        doomed = [w for w in state.waiters if w.member == last.to_member]
+        detail = last.message or last.reason or last.outcome
+        for w in doomed:
+            actions.append(
+                Fail(
+                    w.id,
+                    w.member,
+                    SWAP_ABANDONED,
+                    f"the swap to {w.member} was abandoned: {detail}",
+                    _retry_after(state, None),
+                    now - w.since,
+                )
+            )
+        state = replace(state, waiters=tuple(w for w in state.waiters if w not in doomed))
+    return state
+
+
+def _expire(state: PoolState, now: float, actions: list[Action]) -> PoolState:
+    budget = state.limits.swap_budget
+    expired = [w for w in state.waiters if now - w.since >= budget]
+    if not expired:
+        return state
+    for w in expired:
+        actions.append(
+            Fail(
+                w.id,
+                w.member,
+                SWAP_BUDGET_EXCEEDED,
+                f"{w.member} did not become resident within swapBudget {budget:g}s",
+                _retry_after(state, now - w.since),
+                now - w.since,
+            )
+        )
+    return replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
+
+
+def _admit(state: PoolState, now: float, actions: list[Action]) -> PoolState:
+    admitted = [w for w in state.waiters if _admissible(state, w)]
+    if not admitted:
+        return state
+    for w in admitted:
+        actions.append(Admit(w.id, w.member, now - w.since))
+    return replace(state, waiters=tuple(w for w in state.waiters if w not in admitted))
+
+
+def _decide(state: PoolState, now: float, actions: list[Action]) -> PoolState:
+    """Write at most one request change: ask for the member the oldest waiter wants, or
+    withdraw our own request that nobody here waits for any more."""
+    status = state.status
+    if (
+        status is None
+        or state.closed
+        or state.writing is not None
+        or state.needs_read
+        or state.write_retry_at is not None
+    ):
+        return state
+    current = status.request
+    wanted = next((w.member for w in _non_incumbent(state)), None)
+    pending = current.member if current is not None else None
+    fulfilled = pending is None or pending == status.resident_member
+    new_member: str | None
+    if wanted is not None and pending != wanted and fulfilled:
+        new_member = wanted
+    elif (
+        pending is not None
+        and not fulfilled
+        and current is not None
+        and current.requested_by == state.identity
+        and all(w.member != pending for w in state.waiters)
+        and not _unloading_for(status, current)
+    ):
+        new_member = None  # withdraw: our waiters all left before the incumbent unloaded
+    else:
+        return state
+    request = PoolRequest(
+        new_member, (current.generation if current is not None else 0) + 1, state.identity
+    )
+    actions.append(WriteRequest(request, current, status.resource_version, status.status_present))
+    return replace(state, writing=request)
+
+
+# --- Helpers ------------------------------------------------------------------------------
+
+
+def _admissible(state: PoolState, waiter: Waiter) -> bool:
+    if not is_resident(state, waiter.member):
+        return False
+    cutoff = _fair_cutoff(state)
+    return cutoff is None or waiter.since < cutoff
+
+
+def _fair_cutoff(state: PoolState) -> float | None:
+    """Fair policy: requests that arrive once the oldest waiter for another member has waited
+    maxWait are not admitted to the incumbent, so it drains and the swap can happen."""
+    if state.limits.max_wait is None:
+        return None
+    return min((w.since + state.limits.max_wait for w in _non_incumbent(state)), default=None)
+
+
+def _non_incumbent(state: PoolState) -> Iterable[Waiter]:
+    resident = state.status.resident_member if state.status is not None else None
+    return (w for w in state.waiters if w.member != resident)
+
+
+def _unloading_for(status: PoolStatus, request: PoolRequest) -> bool:
+    swap = status.swap
+    return (
+        swap is not None
+        and swap.phase in _PAST_DRAINING
+        and (swap.generation is None or swap.generation == request.generation)
+    )
+
+
+def _older(new: PoolStatus, old: PoolStatus) -> bool:
+    """Whether `new` was read before `old`. Resource versions are opaque to clients, but the
+    API server hands out etcd revisions, which grow; a read and a watch event racing in the
+    shell must not roll the state back. Request generations break ties either way."""
+    if (
+        new.request is not None
+        and old.request is not None
+        and new.request.generation != old.request.generation
+    ):
+        return new.request.generation < old.request.generation
+    if new.resource_version.isdigit() and old.resource_version.isdigit():
+        return int(new.resource_version) < int(old.resource_version)
+    return False
+
+
+def _oldest_wait(state: PoolState, now: float) -> float | None:
+    return max((now - w.since for w in state.waiters), default=None)
+
+
+def _retry_after(state: PoolState, elapsed: float | None) -> float:
+    return retry_after_seconds(state.recent_swaps, budget=state.limits.swap_budget, elapsed=elapsed)
