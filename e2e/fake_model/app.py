@@ -1,0 +1,311 @@
+"""The fake server's HTTP surface: an aiohttp application with the OpenAI endpoints, the
+health check, llama.cpp's ``/slots`` and a Prometheus ``/metrics`` whose names follow the
+runtime being imitated.
+
+State that the endpoints share (loaded or not, which slots are busy, how many requests
+wait) lives in one ``ServerState`` held by the application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from e2e.fake_model import replies
+from e2e.fake_model.replies import JsonObject, Usage
+from e2e.fake_model.settings import Mode, Settings
+
+logger = logging.getLogger(__name__)
+
+# (running, waiting) gauge names per imitated runtime.
+METRIC_NAMES: dict[Mode, tuple[str, str]] = {
+    Mode.VLLM: ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    Mode.LLAMACPP: ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    Mode.OPENAI: ("fake_model_requests_running", "fake_model_requests_waiting"),
+}
+CONTEXT_SIZE = 4096
+
+
+class SlotTable:
+    """``size`` slots; a request holds one while it generates, the rest wait in order."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = list(range(size))
+        self._released = asyncio.Condition()
+        self.busy: set[int] = set()
+        self.waiting = 0
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[int]:
+        async with self._released:
+            self.waiting += 1
+            try:
+                await self._released.wait_for(lambda: bool(self._free))
+            finally:
+                self.waiting -= 1
+            slot = heapq.heappop(self._free)
+            self.busy.add(slot)
+        try:
+            yield slot
+        finally:
+            async with self._released:
+                self.busy.discard(slot)
+                heapq.heappush(self._free, slot)
+                self._released.notify()
+
+
+class ServerState:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loaded = False
+        self.slots = SlotTable(settings.parallel)
+
+    async def load(self) -> None:
+        """Pretend to load the weights; with ``fail_load`` the load never ends."""
+        logger.info("loading %s for %.1fs", self.settings.model_id, self.settings.load_time)
+        if self.settings.fail_load:
+            logger.warning("FAKE_MODEL_FAIL_LOAD is set: this server will never be ready")
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.settings.load_time)
+        self.loaded = True
+        logger.info("%s loaded, ready", self.settings.model_id)
+
+
+STATE = web.AppKey("state", ServerState)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+def _error(status: int, message: str, error_type: str) -> web.Response:
+    return web.json_response(replies.error_body(message, error_type, status), status=status)
+
+
+def _loading() -> web.Response:
+    return _error(503, "Loading model", "unavailable_error")
+
+
+async def _json_body(request: web.Request) -> JsonObject | web.Response:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "the request body is not valid JSON", "invalid_request_error")
+    if not isinstance(body, dict):
+        return _error(400, "the request body must be a JSON object", "invalid_request_error")
+    return body
+
+
+def _max_tokens(body: JsonObject, default: int) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _include_usage(body: JsonObject) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+async def _pace(start: float, index: int, tokens_per_second: float) -> None:
+    """Wait until token ``index`` is due; deadlines from ``start`` keep the rate exact."""
+    loop = asyncio.get_running_loop()
+    delay = start + (index + 1) / tokens_per_second - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _sse(payload: JsonObject | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def _completion(request: web.Request, kind: Literal["chat", "text"]) -> web.StreamResponse:
+    state = request.app[STATE]
+    settings = state.settings
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if not state.loaded:
+        return _loading()
+    n_tokens = _max_tokens(body, settings.max_tokens_default)
+    if n_tokens is None:
+        return _error(400, "max_tokens must be a non-negative integer", "invalid_request_error")
+    prompt = body.get("messages") if kind == "chat" else body.get("prompt")
+    if prompt is None:
+        field = "messages" if kind == "chat" else "prompt"
+        return _error(400, f"'{field}' is required", "invalid_request_error")
+
+    use = replies.usage(replies.count_tokens(prompt), n_tokens)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = settings.model_id
+    async with state.slots.hold():
+        if body.get("stream") is True:
+            return await _stream(request, kind, response_id, created, n_tokens, use, body)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for index in range(n_tokens):
+            await _pace(start, index, settings.tokens_per_second)
+        text = replies.text_of(n_tokens)
+        build = replies.chat_completion if kind == "chat" else replies.text_completion
+        return web.json_response(build(response_id, created, model, text, "length", use))
+
+
+async def _stream(
+    request: web.Request,
+    kind: Literal["chat", "text"],
+    response_id: str,
+    created: int,
+    n_tokens: int,
+    use: Usage,
+    body: JsonObject,
+) -> web.StreamResponse:
+    settings = request.app[STATE].settings
+    model = settings.model_id
+    include_usage = _include_usage(body)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    chunk: Callable[..., JsonObject]
+    if kind == "chat":
+        object_name = "chat.completion.chunk"
+
+        def chunk(text: str, finish: replies.FinishReason | None = None, **kw: Any) -> JsonObject:
+            delta: JsonObject = {"content": text} if text or finish is None else {}
+            return replies.chat_chunk(response_id, created, model, delta, finish, **kw)
+
+    else:
+        object_name = "text_completion"
+
+        def chunk(text: str, finish: replies.FinishReason | None = None, **kw: Any) -> JsonObject:
+            return replies.text_chunk(response_id, created, model, text, finish, **kw)
+
+    try:
+        if kind == "chat":
+            role = {"role": "assistant", "content": ""}
+            await response.write(_sse(replies.chat_chunk(response_id, created, model, role)))
+        start = asyncio.get_running_loop().time()
+        for index in range(n_tokens):
+            await _pace(start, index, settings.tokens_per_second)
+            await response.write(_sse(chunk(replies.token(index))))
+        # Usage rides on the last chunk (llama.cpp) unless the client asked for OpenAI's
+        # separate usage chunk.
+        await response.write(_sse(chunk("", "length", use=None if include_usage else use)))
+        if include_usage:
+            await response.write(
+                _sse(replies.usage_chunk(response_id, created, model, object_name, use))
+            )
+        await response.write(_sse("[DONE]"))
+        await response.write_eof()
+    except ConnectionResetError:
+        logger.info("client went away during stream %s", response_id)
+    return response
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "text")
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if not state.loaded:
+        return _loading()
+    inputs = replies.embedding_inputs(body.get("input"))
+    if inputs is None:
+        return _error(400, "'input' must be a string or a list of strings", "invalid_request_error")
+    dimensions = body.get("dimensions", replies.DEFAULT_EMBEDDING_DIMENSIONS)
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+        return _error(400, "dimensions must be a positive integer", "invalid_request_error")
+    encoding: Literal["float", "base64"]
+    match body.get("encoding_format") or "float":
+        case "float":
+            encoding = "float"
+        case "base64":
+            encoding = "base64"
+        case _:
+            return _error(400, "encoding_format must be float or base64", "invalid_request_error")
+    async with state.slots.hold():
+        payload = replies.embeddings(state.settings.model_id, inputs, dimensions, encoding)
+    return web.json_response(payload)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    entry = {
+        "id": state.settings.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "modelpool-fake-model",
+    }
+    return web.json_response({"object": "list", "data": [entry]})
+
+
+async def health(request: web.Request) -> web.Response:
+    if not request.app[STATE].loaded:
+        return web.json_response({"status": "loading"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def slots(request: web.Request) -> web.Response:
+    table = request.app[STATE].slots
+    return web.json_response(
+        [
+            {"id": slot, "id_task": -1, "n_ctx": CONTEXT_SIZE, "is_processing": slot in table.busy}
+            for slot in range(table.size)
+        ]
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+def _registry(state: ServerState) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    running_name, waiting_name = METRIC_NAMES[state.settings.mode]
+    running = Gauge(running_name, "Requests being generated.", ["model_name"], registry=registry)
+    waiting = Gauge(waiting_name, "Requests waiting for a slot.", ["model_name"], registry=registry)
+    model = state.settings.model_id
+    running.labels(model_name=model).set_function(lambda: len(state.slots.busy))
+    waiting.labels(model_name=model).set_function(lambda: state.slots.waiting)
+    return registry
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE] = state
+    app[REGISTRY] = _registry(state)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/metrics", metrics)
+    if state.settings.mode is Mode.LLAMACPP:
+        app.router.add_get("/slots", slots)
+    return app
