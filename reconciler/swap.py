@@ -1,0 +1,627 @@
+"""The pool's swap, as a pure state machine.
+
+One ModelPool owns one exclusive GPU slot. This module decides, from what the reconciler
+observed (the spec, the routers' request, the members' pods, the idle probe's answers)
+and the time it is given, what to do next: probe the incumbent, scale a member, clear a
+request, post an Event, record a metric. It performs none of it: `step` returns the new
+state and a list of actions, and the shell in `reconciler.pools` executes them. No
+awaits, no clock reads, no I/O, so every rule below is tested by tables of cases.
+
+The rules (DESIGN.md "The swap", docs/contracts.md section 2):
+
+- A request whose member differs from the resident starts a swap; a cold pool with a
+  `default` loads it. A request already answered (its generation was abandoned, failed or
+  withdrawn) is never acted on twice.
+- Draining: `minResidency` must have been served and the incumbent's idle probe must say
+  idle. Busy or unreachable defers (`PodsBusy`, `IdleCheckFailed`, fail closed); a member
+  that can never be probed fails the swap at once (`IdleProbeUnsupported`). A newer
+  request retargets the swap, or withdraws it when it names the incumbent or nobody.
+- Unloading: every other member is scaled to 0 and the swap waits until their pods are
+  gone (terminating pods still hold the GPU). A withdrawal is no longer honoured.
+- Loading: the target is scaled to 1 only then, and the swap waits for it to be Ready.
+- The whole swap is bounded by `swapBudget` from its start: past it the swap is
+  abandoned, the target scaled back to 0, the request cleared by compare-and-swap.
+- While the spec has a problem (a missing member, a member in two pools) nothing starts
+  and nothing is scaled; only the deadline still applies to a swap already running.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    DRAINING = "Draining"
+    UNLOADING = "Unloading"
+    LOADING = "Loading"
+
+
+class Verdict(StrEnum):
+    """What an idle probe of the incumbent answered."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    FAILED = "failed"
+    UNSUPPORTED = "unsupported"
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "Succeeded"
+    ABANDONED = "Abandoned"
+    FAILED = "Failed"
+    WITHDRAWN = "Withdrawn"
+
+
+# Reasons, CamelCase as Kubernetes reasons are.
+MIN_RESIDENCY = "MinResidency"
+PODS_BUSY = "PodsBusy"
+IDLE_CHECK_FAILED = "IdleCheckFailed"
+IDLE_PROBE_UNSUPPORTED = "IdleProbeUnsupported"
+SWAP_BUDGET_EXCEEDED = "SwapBudgetExceeded"
+NOT_A_MEMBER = "NotAMember"
+
+# Metric phase names (DESIGN.md "Metrics").
+METRIC_PHASES = ("drain", "unload", "schedule", "load")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """What the swap needs from the pool's spec (durations in seconds)."""
+
+    members: tuple[str, ...]
+    default: str | None = None
+    policy: str = "sticky"
+    swap_budget: float = 300.0
+    min_residency: float = 0.0
+    # How often a deferred swap probes the incumbent again; from settings, not the spec.
+    probe_interval: float = 2.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the spec cannot be acted on (a Stalled condition)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """status.request as a router wrote it; member None is a withdrawal."""
+
+    member: str | None
+    generation: int
+
+
+@dataclass(frozen=True)
+class Deferral:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Swap:
+    from_: str | None
+    to: str
+    generation: int | None  # the request generation served; None for a default load
+    phase: Phase
+    started: float
+    phase_started: float
+    scheduled_at: float | None = None
+    durations: tuple[tuple[str, float], ...] = ()
+    deferral: Deferral | None = None
+    probe_in_flight: bool = False
+    next_probe: float = 0.0
+
+
+@dataclass(frozen=True)
+class LastSwap:
+    from_: str | None
+    to: str
+    generation: int | None
+    start: float
+    duration: float
+    outcome: Outcome
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class MemberPods:
+    """Pods per member: all that exist (terminating ones too), scheduled, Ready."""
+
+    pods: Mapping[str, int] = field(default_factory=dict)
+    scheduled: Mapping[str, int] = field(default_factory=dict)
+    ready: Mapping[str, int] = field(default_factory=dict)
+
+    def count(self, member: str) -> int:
+        return self.pods.get(member, 0)
+
+
+@dataclass(frozen=True)
+class PoolState:
+    config: PoolConfig
+    generation: int = 0
+    problem: Problem | None = None
+    request: Request | None = None
+    resident: str | None = None
+    resident_since: float | None = None
+    swap: Swap | None = None
+    last_swap: LastSwap | None = None
+    # The newest request generation whose swap ended (any outcome): never acted on again.
+    answered: int = 0
+    observed: MemberPods | None = None  # None until the members' pods were seen once
+
+
+# Events
+
+
+@dataclass(frozen=True)
+class SpecObserved:
+    config: PoolConfig
+    generation: int
+    problem: Problem | None = None
+
+
+@dataclass(frozen=True)
+class RequestObserved:
+    request: Request | None
+
+
+@dataclass(frozen=True)
+class MembersObserved:
+    pods: MemberPods
+
+
+@dataclass(frozen=True)
+class IdleResult:
+    member: str
+    verdict: Verdict
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = SpecObserved | RequestObserved | MembersObserved | IdleResult | Tick
+
+
+# Actions
+
+
+@dataclass(frozen=True)
+class ProbeIdle:
+    member: str
+
+
+@dataclass(frozen=True)
+class Scale:
+    member: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ClearRequest:
+    """Clear status.request by compare-and-swap, if its generation is still this one."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class EmitEvent:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RecordSwap:
+    from_: str | None
+    to: str
+    duration: float
+    phases: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class RecordFailure:
+    member: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecordDeferral:
+    reason: str
+
+
+Action = ProbeIdle | Scale | ClearRequest | EmitEvent | RecordSwap | RecordFailure | RecordDeferral
+
+
+def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
+    """Apply one observation, then decide; returns the new state and what to do."""
+    state, actions = _apply(state, event, now)
+    # A decision can open the next one at once (nothing to unload, a target already
+    # Ready); iterate to a fixed point, bounded because each pass advances a phase.
+    for _ in range(6):
+        new, more = _decide(state, now)
+        actions += more
+        if new == state:
+            break
+        state = new
+    return state, actions
+
+
+def next_wakeup(state: PoolState) -> float | None:
+    """When the shell must step the pool again with a Tick, absent other events."""
+    swap = state.swap
+    if swap is None:
+        return None
+    times = [swap.started + state.config.swap_budget]
+    if swap.phase is Phase.DRAINING and not swap.probe_in_flight:
+        residency_end = _residency_end(state)
+        if swap.deferral is not None and swap.deferral.reason == MIN_RESIDENCY:
+            assert residency_end is not None
+            times.append(residency_end)
+        elif math.isfinite(swap.next_probe):
+            times.append(swap.next_probe)
+    return min(times)
+
+
+def desired_replicas(state: PoolState) -> dict[str, int] | None:
+    """Each member's replicas as the pool wants them; None while the spec has a problem
+    (nothing is scaled then: the shell keeps whatever runs)."""
+    if state.problem is not None:
+        return None
+    wanted = dict.fromkeys(state.config.members, 0)
+    swap = state.swap
+    if state.resident in wanted and (swap is None or swap.phase is Phase.DRAINING):
+        wanted[state.resident] = 1
+    if swap is not None and swap.phase is Phase.LOADING and swap.to in wanted:
+        wanted[swap.to] = 1
+    return wanted
+
+
+def phase_of(state: PoolState) -> str:
+    """The pool's phase: Cold, Ready, Swapping or Degraded."""
+    if state.problem is not None:
+        return "Degraded"
+    if state.swap is not None:
+        return "Swapping"
+    if state.resident is None:
+        return "Cold"
+    if state.observed is not None and state.observed.ready.get(state.resident, 0) < 1:
+        return "Degraded"
+    return "Ready"
+
+
+# Applying observations
+
+
+def _apply(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
+    if isinstance(event, SpecObserved):
+        actions: list[Action] = []
+        if event.problem is not None and event.problem != state.problem:
+            actions.append(EmitEvent("Warning", event.problem.reason, event.problem.message))
+        elif event.problem is None and state.problem is not None:
+            actions.append(EmitEvent("Normal", "SpecValid", "the pool's spec is valid again"))
+        resident = state.resident
+        if resident is not None and resident not in event.config.members:
+            resident = None  # no longer a member: the pool stops counting it as loaded
+        new = replace(
+            state,
+            config=event.config,
+            generation=event.generation,
+            problem=event.problem,
+            resident=resident,
+            resident_since=state.resident_since if resident else None,
+        )
+        return new, actions
+    if isinstance(event, RequestObserved):
+        return replace(state, request=event.request), []
+    if isinstance(event, MembersObserved):
+        return replace(state, observed=event.pods), []
+    if isinstance(event, IdleResult):
+        return _idle_result(state, event, now)
+    return state, []
+
+
+def _idle_result(state: PoolState, event: IdleResult, now: float) -> tuple[PoolState, list[Action]]:
+    swap = state.swap
+    if swap is None or swap.phase is not Phase.DRAINING or swap.from_ != event.member:
+        return state, []  # an answer to a question no longer asked
+    swap = replace(swap, probe_in_flight=False)
+    if event.verdict is Verdict.IDLE:
+        return _begin_unloading(replace(state, swap=swap), now)
+    if event.verdict is Verdict.UNSUPPORTED:
+        message = f"{event.member} can never be probed for idleness"
+        if event.detail:
+            message += f": {event.detail}"
+        return _end(replace(state, swap=swap), now, Outcome.FAILED, IDLE_PROBE_UNSUPPORTED, message)
+    if event.verdict is Verdict.BUSY:
+        deferral = Deferral(PODS_BUSY, f"{event.member} is serving requests")
+    else:
+        deferral = Deferral(IDLE_CHECK_FAILED, f"idle check of {event.member} failed")
+    if event.detail:
+        deferral = replace(deferral, message=f"{deferral.message}: {event.detail}")
+    swap = replace(swap, next_probe=now + state.config.probe_interval)
+    return _defer(replace(state, swap=swap), deferral)
+
+
+# Deciding
+
+
+def _decide(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    if state.observed is None:
+        return state, []
+    swap = state.swap
+    if swap is not None:
+        if now >= swap.started + state.config.swap_budget:
+            return _abandon(state, now)
+        if state.problem is not None:
+            return state, []
+        if swap.phase is Phase.DRAINING:
+            return _drain(state, swap, now)
+        if swap.phase is Phase.UNLOADING:
+            return _unload(state, swap, now)
+        return _load(state, swap, now)
+    if state.problem is not None:
+        return state, []
+    return _maybe_start(state, now)
+
+
+def _maybe_start(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    request = state.request
+    if request is not None and request.member is not None and not _answered(state, request):
+        if request.member not in state.config.members:
+            return _reject(state, request, now)
+        if request.member != state.resident:
+            return _start(state, request.member, request.generation, now)
+        return state, []
+    default = state.config.default
+    if state.resident is None and default is not None and default in state.config.members:
+        return _start(state, default, None, now)
+    return state, []
+
+
+def _answered(state: PoolState, request: Request) -> bool:
+    """A request whose swap already ended: succeeded, abandoned, failed or withdrawn."""
+    return request.generation <= state.answered
+
+
+def _start(
+    state: PoolState, target: str, generation: int | None, now: float
+) -> tuple[PoolState, list[Action]]:
+    incumbent = state.resident
+    phase = Phase.DRAINING if incumbent is not None else Phase.UNLOADING
+    swap = Swap(
+        from_=incumbent,
+        to=target,
+        generation=generation,
+        phase=phase,
+        started=now,
+        phase_started=now,
+    )
+    why = f"request {generation}" if generation is not None else "the pool's default"
+    message = f"swapping {incumbent or '(none)'} -> {target} for {why}"
+    new = replace(state, swap=swap)
+    actions: list[Action] = [EmitEvent("Normal", "SwapStarted", message)]
+    if phase is Phase.UNLOADING:
+        new, more = _begin_unloading(new, now)
+        actions += more
+    return new, actions
+
+
+def _reject(state: PoolState, request: Request, now: float) -> tuple[PoolState, list[Action]]:
+    member = request.member or ""
+    message = f"{member} is not a member of this pool"
+    last = LastSwap(
+        from_=state.resident,
+        to=member,
+        generation=request.generation,
+        start=now,
+        duration=0.0,
+        outcome=Outcome.FAILED,
+        reason=NOT_A_MEMBER,
+        message=message,
+    )
+    actions: list[Action] = [
+        ClearRequest(request.generation),
+        EmitEvent("Warning", NOT_A_MEMBER, message),
+        RecordFailure(member, NOT_A_MEMBER),
+    ]
+    return replace(state, last_swap=last, answered=request.generation), actions
+
+
+def _drain(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:
+    request = state.request
+    newer = (
+        request is not None
+        and swap.generation is not None
+        and request.generation > swap.generation
+    )
+    if request is not None and newer:
+        if request.member is None or request.member == swap.from_:
+            return _end(
+                state, now, Outcome.WITHDRAWN, "Withdrawn",
+                f"request {request.generation} withdrew the swap to {swap.to}",
+                generation=request.generation,
+            )
+        if request.member in state.config.members and request.member != swap.to:
+            swap = replace(swap, to=request.member, generation=request.generation)
+            state = replace(state, swap=swap)
+        elif request.member in state.config.members:
+            swap = replace(swap, generation=request.generation)
+            state = replace(state, swap=swap)
+    assert swap.from_ is not None  # Draining always has an incumbent
+    if state.observed is None or state.observed.count(swap.from_) == 0:
+        return _begin_unloading(state, now)  # nothing runs that could be busy
+    residency_end = _residency_end(state)
+    if residency_end is not None and now < residency_end:
+        left = residency_end - now
+        return _defer(
+            state, Deferral(MIN_RESIDENCY, f"{swap.from_} stays resident {left:.0f}s more")
+        )
+    if swap.probe_in_flight or now < swap.next_probe:
+        return state, []
+    return replace(state, swap=replace(swap, probe_in_flight=True)), [ProbeIdle(swap.from_)]
+
+
+def _residency_end(state: PoolState) -> float | None:
+    if state.resident_since is None or state.config.min_residency <= 0:
+        return None
+    return state.resident_since + state.config.min_residency
+
+
+def _defer(state: PoolState, deferral: Deferral) -> tuple[PoolState, list[Action]]:
+    swap = state.swap
+    assert swap is not None
+    if swap.deferral == deferral:
+        return state, []
+    actions: list[Action] = []
+    if swap.deferral is None or swap.deferral.reason != deferral.reason:
+        actions = [
+            RecordDeferral(deferral.reason),
+            EmitEvent("Normal", "SwapDeferred", f"{deferral.reason}: {deferral.message}"),
+        ]
+    return replace(state, swap=replace(swap, deferral=deferral)), actions
+
+
+def _begin_unloading(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    swap = state.swap
+    assert swap is not None
+    durations = swap.durations
+    if swap.phase is Phase.DRAINING:
+        durations += (("drain", now - swap.phase_started),)
+    swap = replace(
+        swap,
+        phase=Phase.UNLOADING,
+        phase_started=now,
+        durations=durations,
+        deferral=None,
+        probe_in_flight=False,
+    )
+    observed = state.observed or MemberPods()
+    actions: list[Action] = [
+        Scale(member, 0)
+        for member in state.config.members
+        if member != swap.to and (member == swap.from_ or observed.count(member) > 0)
+    ]
+    return replace(state, swap=swap), actions
+
+
+def _unload(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:
+    observed = state.observed or MemberPods()
+    others = [m for m in state.config.members if m != swap.to and observed.count(m) > 0]
+    if others:
+        return state, []
+    swap = replace(
+        swap,
+        phase=Phase.LOADING,
+        phase_started=now,
+        durations=(*swap.durations, ("unload", now - swap.phase_started)),
+    )
+    state = replace(state, swap=swap, resident=None, resident_since=None)
+    return state, [Scale(swap.to, 1)]
+
+
+def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:
+    observed = state.observed or MemberPods()
+    if swap.scheduled_at is None and (
+        observed.scheduled.get(swap.to, 0) > 0 or observed.ready.get(swap.to, 0) > 0
+    ):
+        swap = replace(
+            swap,
+            scheduled_at=now,
+            durations=(*swap.durations, ("schedule", now - swap.phase_started)),
+        )
+        state = replace(state, swap=swap)
+    if observed.ready.get(swap.to, 0) < 1:
+        return state, []
+    loaded_from = swap.scheduled_at if swap.scheduled_at is not None else swap.phase_started
+    swap = replace(swap, durations=(*swap.durations, ("load", now - loaded_from)))
+    duration = now - swap.started
+    last = LastSwap(
+        from_=swap.from_,
+        to=swap.to,
+        generation=swap.generation,
+        start=swap.started,
+        duration=duration,
+        outcome=Outcome.SUCCEEDED,
+    )
+    message = f"{swap.to} is resident (from {swap.from_ or '(none)'}, {duration:.1f}s)"
+    actions: list[Action] = [
+        EmitEvent("Normal", "SwapCompleted", message),
+        RecordSwap(swap.from_, swap.to, duration, swap.durations),
+    ]
+    new = replace(
+        state,
+        swap=None,
+        resident=swap.to,
+        resident_since=now,
+        last_swap=last,
+        answered=max(state.answered, swap.generation or 0),
+    )
+    return new, actions
+
+
+def _abandon(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    swap = state.swap
+    assert swap is not None
+    budget = state.config.swap_budget
+    if swap.phase is Phase.DRAINING:
+        why = swap.deferral.reason if swap.deferral else "draining"
+        message = f"{swap.from_} not drained within swapBudget {budget:g}s ({why})"
+    else:
+        message = f"{swap.to} not Ready within swapBudget {budget:g}s"
+    return _end(state, now, Outcome.ABANDONED, SWAP_BUDGET_EXCEEDED, message)
+
+
+def _end(
+    state: PoolState,
+    now: float,
+    outcome: Outcome,
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> tuple[PoolState, list[Action]]:
+    """Finish a swap that did not succeed: scale the target back, answer the request."""
+    swap = state.swap
+    assert swap is not None
+    answered = generation if generation is not None else swap.generation
+    last = LastSwap(
+        from_=swap.from_,
+        to=swap.to,
+        generation=answered,
+        start=swap.started,
+        duration=now - swap.started,
+        outcome=outcome,
+        reason=reason,
+        message=message,
+    )
+    actions: list[Action] = []
+    if swap.phase is not Phase.DRAINING:
+        actions.append(Scale(swap.to, 0))
+    request = state.request
+    if (
+        outcome is not Outcome.WITHDRAWN
+        and swap.generation is not None
+        and request is not None
+        and request.generation == swap.generation
+        and request.member is not None
+    ):
+        actions.append(ClearRequest(swap.generation))
+    if outcome is Outcome.WITHDRAWN:
+        actions.append(EmitEvent("Normal", "SwapWithdrawn", message))
+    else:
+        actions += [
+            EmitEvent("Warning", f"Swap{outcome.value}", f"{reason}: {message}"),
+            RecordFailure(swap.to, reason),
+        ]
+    new = replace(state, swap=None, last_swap=last, answered=max(state.answered, answered or 0))
+    if swap.phase is not Phase.DRAINING:
+        new = replace(new, resident=None, resident_since=None)
+    return new, actions

@@ -1,0 +1,341 @@
+"""The pool's swap state machine, case by case."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+import pytest
+
+from reconciler import swap as s
+from reconciler.swap import (
+    ClearRequest,
+    EmitEvent,
+    IdleResult,
+    MemberPods,
+    MembersObserved,
+    Outcome,
+    Phase,
+    PoolConfig,
+    PoolState,
+    ProbeIdle,
+    Problem,
+    RecordDeferral,
+    RecordFailure,
+    RecordSwap,
+    Request,
+    RequestObserved,
+    Scale,
+    SpecObserved,
+    Tick,
+    Verdict,
+)
+
+pytestmark = pytest.mark.unit
+
+A = TypeVar("A")
+
+CONFIG = PoolConfig(members=("a", "b", "c"), default="a", swap_budget=100.0, probe_interval=2.0)
+
+
+def pods(**running: int) -> MemberPods:
+    """Pods per member; every pod counted is scheduled and Ready."""
+    return MemberPods(pods=dict(running), scheduled=dict(running), ready=dict(running))
+
+
+def loading(**running: int) -> MemberPods:
+    """Pods that exist and are scheduled but not Ready yet."""
+    return MemberPods(pods=dict(running), scheduled=dict(running), ready={})
+
+
+def resident(member: str = "a", since: float = 0.0, config: PoolConfig = CONFIG) -> PoolState:
+    return PoolState(
+        config=config,
+        resident=member,
+        resident_since=since,
+        observed=pods(**{member: 1}),
+    )
+
+
+def run(
+    state: PoolState, events: Sequence[tuple[float, s.Event]]
+) -> tuple[PoolState, list[s.Action]]:
+    actions: list[s.Action] = []
+    for now, event in events:
+        state, more = s.step(state, event, now)
+        actions += more
+    return state, actions
+
+
+def kinds(actions: Sequence[s.Action], kind: type[A]) -> list[A]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_nothing_happens_before_the_members_were_observed() -> None:
+    state, actions = s.step(PoolState(config=CONFIG), Tick(), 0.0)
+    assert actions == []
+    assert state.swap is None
+
+
+def test_a_cold_pool_without_a_default_stays_cold() -> None:
+    config = replace(CONFIG, default=None)
+    state, actions = s.step(PoolState(config=config), MembersObserved(pods()), 0.0)
+    assert actions == []
+    assert s.phase_of(state) == "Cold"
+
+
+def test_a_cold_pool_loads_its_default_and_turns_ready() -> None:
+    state, actions = s.step(PoolState(config=CONFIG), MembersObserved(pods()), 0.0)
+    assert kinds(actions, Scale) == [Scale("a", 1)]
+    assert state.swap is not None and state.swap.phase is Phase.LOADING
+    assert s.desired_replicas(state) == {"a": 1, "b": 0, "c": 0}
+    assert s.phase_of(state) == "Swapping"
+
+    state, actions = run(
+        state, [(3.0, MembersObserved(loading(a=1))), (5.0, MembersObserved(pods(a=1)))]
+    )
+    assert state.swap is None
+    assert state.resident == "a" and state.resident_since == 5.0
+    assert state.last_swap is not None and state.last_swap.outcome is Outcome.SUCCEEDED
+    assert state.last_swap.generation is None and state.last_swap.duration == 5.0
+    [record] = kinds(actions, RecordSwap)
+    assert record == RecordSwap(None, "a", 5.0, (("unload", 0.0), ("schedule", 3.0), ("load", 2.0)))
+    assert s.phase_of(state) == "Ready"
+
+
+def test_a_cold_pool_with_a_stray_member_unloads_it_before_loading_the_default() -> None:
+    state, actions = s.step(PoolState(config=CONFIG), MembersObserved(pods(b=1)), 0.0)
+    assert kinds(actions, Scale) == [Scale("b", 0)]
+    assert state.swap is not None and state.swap.phase is Phase.UNLOADING
+    state, actions = s.step(state, MembersObserved(pods()), 1.0)
+    assert kinds(actions, Scale) == [Scale("a", 1)]
+
+
+def test_a_request_for_another_member_probes_the_incumbent_first() -> None:
+    state, actions = s.step(resident(), RequestObserved(Request("b", 1)), 10.0)
+    assert kinds(actions, ProbeIdle) == [ProbeIdle("a")]
+    assert kinds(actions, Scale) == []
+    assert state.swap is not None and state.swap.phase is Phase.DRAINING
+    assert s.desired_replicas(state) == {"a": 1, "b": 0, "c": 0}
+
+
+def test_a_request_for_the_resident_changes_nothing() -> None:
+    state, actions = s.step(resident(), RequestObserved(Request("a", 4)), 10.0)
+    assert actions == []
+    assert state.swap is None
+
+
+def test_an_idle_incumbent_is_unloaded_and_the_target_loads_only_once_its_pods_are_gone() -> None:
+    state, _ = s.step(resident(), RequestObserved(Request("b", 1)), 10.0)
+    state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 11.0)
+    assert kinds(actions, Scale) == [Scale("a", 0)]
+    assert state.swap is not None and state.swap.phase is Phase.UNLOADING
+    assert s.desired_replicas(state) == {"a": 0, "b": 0, "c": 0}
+
+    # a terminating pod still holds the GPU
+    state, actions = s.step(state, MembersObserved(MemberPods(pods={"a": 1})), 12.0)
+    assert kinds(actions, Scale) == []
+    state, actions = s.step(state, MembersObserved(pods()), 13.0)
+    assert kinds(actions, Scale) == [Scale("b", 1)]
+    assert state.resident is None
+    assert s.desired_replicas(state) == {"a": 0, "b": 1, "c": 0}
+
+    state, actions = s.step(state, MembersObserved(pods(b=1)), 20.0)
+    assert state.resident == "b" and state.swap is None
+    assert state.last_swap == s.LastSwap("a", "b", 1, 10.0, 10.0, Outcome.SUCCEEDED)
+    [record] = kinds(actions, RecordSwap)
+    assert dict(record.phases) == {"drain": 1.0, "unload": 2.0, "schedule": 7.0, "load": 0.0}
+    assert EmitEvent("Normal", "SwapCompleted", "b is resident (from a, 10.0s)") in actions
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reason"),
+    [(Verdict.BUSY, s.PODS_BUSY), (Verdict.FAILED, s.IDLE_CHECK_FAILED)],
+)
+def test_a_busy_or_unprobeable_incumbent_defers_and_is_probed_again(
+    verdict: Verdict, reason: str
+) -> None:
+    state, _ = s.step(resident(), RequestObserved(Request("b", 1)), 10.0)
+    state, actions = s.step(state, IdleResult("a", verdict, "detail"), 11.0)
+    assert kinds(actions, Scale) == []
+    assert kinds(actions, RecordDeferral) == [RecordDeferral(reason)]
+    assert state.swap is not None and state.swap.deferral is not None
+    assert state.swap.deferral.reason == reason
+    assert s.next_wakeup(state) == 13.0
+
+    state, actions = s.step(state, Tick(), 12.0)
+    assert actions == []  # not before the probe interval
+    state, actions = s.step(state, Tick(), 13.0)
+    assert actions == [ProbeIdle("a")]
+    # the same answer again is neither counted nor announced twice
+    state, actions = s.step(state, IdleResult("a", verdict, "detail"), 13.5)
+    assert actions == []
+    state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 16.0)
+    assert kinds(actions, Scale) == [Scale("a", 0)]
+
+
+def test_an_incumbent_that_can_never_be_probed_fails_the_swap_at_once() -> None:
+    state, _ = s.step(resident(), RequestObserved(Request("b", 3)), 10.0)
+    state, actions = s.step(state, IdleResult("a", Verdict.UNSUPPORTED, "generic runtime"), 11.0)
+    assert state.swap is None and state.resident == "a"
+    assert state.last_swap is not None
+    assert state.last_swap.outcome is Outcome.FAILED
+    assert state.last_swap.reason == s.IDLE_PROBE_UNSUPPORTED
+    assert ClearRequest(3) in actions
+    assert kinds(actions, Scale) == []
+    assert RecordFailure("b", s.IDLE_PROBE_UNSUPPORTED) in actions
+    # the answered request is not tried again
+    state, actions = s.step(state, Tick(), 12.0)
+    assert actions == []
+
+
+def test_min_residency_defers_until_served() -> None:
+    config = replace(CONFIG, min_residency=30.0)
+    state, actions = s.step(
+        resident(since=0.0, config=config), RequestObserved(Request("b", 1)), 10.0
+    )
+    assert kinds(actions, ProbeIdle) == []
+    assert kinds(actions, RecordDeferral) == [RecordDeferral(s.MIN_RESIDENCY)]
+    assert s.next_wakeup(state) == 30.0
+    state, actions = s.step(state, Tick(), 29.0)
+    assert kinds(actions, ProbeIdle) == []
+    state, actions = s.step(state, Tick(), 30.0)
+    assert actions == [ProbeIdle("a")]
+
+
+def test_a_target_that_never_turns_ready_is_abandoned_at_swap_budget() -> None:
+    state, _ = run(
+        resident(),
+        [
+            (10.0, RequestObserved(Request("b", 5))),
+            (11.0, IdleResult("a", Verdict.IDLE)),
+            (12.0, MembersObserved(pods())),
+            (13.0, MembersObserved(loading(b=1))),
+        ],
+    )
+    assert s.next_wakeup(state) == 110.0
+    state, actions = s.step(state, Tick(), 109.9)
+    assert actions == []
+    state, actions = s.step(state, Tick(), 110.0)
+    assert Scale("b", 0) in actions
+    assert ClearRequest(5) in actions
+    assert RecordFailure("b", s.SWAP_BUDGET_EXCEEDED) in actions
+    assert state.last_swap is not None
+    assert state.last_swap.outcome is Outcome.ABANDONED
+    assert state.last_swap.generation == 5
+    assert state.last_swap.reason == s.SWAP_BUDGET_EXCEEDED
+    assert state.resident is None
+    # the pool is cold again: with the abandoned request answered, it loads its default
+    # once b's pod is gone, and a later request swaps normally.
+    assert state.swap is not None and state.swap.to == "a" and state.swap.phase is Phase.UNLOADING
+    state, actions = run(
+        state, [(111.0, MembersObserved(pods())), (115.0, MembersObserved(pods(a=1)))]
+    )
+    assert state.resident == "a"
+    state, actions = s.step(state, RequestObserved(Request("c", 7)), 120.0)
+    assert actions[-1] == ProbeIdle("a")
+
+
+def test_an_abandoned_request_is_not_cleared_when_a_newer_one_replaced_it() -> None:
+    state, _ = run(
+        resident(),
+        [
+            (10.0, RequestObserved(Request("b", 5))),
+            (11.0, IdleResult("a", Verdict.IDLE)),
+            (12.0, MembersObserved(pods())),
+            (20.0, RequestObserved(Request("c", 6))),
+        ],
+    )
+    state, actions = s.step(state, Tick(), 110.0)
+    assert kinds(actions, ClearRequest) == []
+    assert state.swap is not None and state.swap.to == "c"  # the newer request goes next
+
+
+def test_an_incumbent_busy_for_the_whole_budget_stays_resident() -> None:
+    state, _ = run(
+        resident(),
+        [(10.0, RequestObserved(Request("b", 2))), (11.0, IdleResult("a", Verdict.BUSY))],
+    )
+    state, actions = s.step(state, Tick(), 110.0)
+    assert state.resident == "a" and state.swap is None
+    assert kinds(actions, Scale) == []
+    assert ClearRequest(2) in actions
+    assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
+    assert "PodsBusy" in (state.last_swap.message or "")
+
+
+@pytest.mark.parametrize("member", [None, "a"])
+def test_a_withdrawal_before_unloading_ends_the_swap(member: str | None) -> None:
+    state, _ = s.step(resident(), RequestObserved(Request("b", 1)), 10.0)
+    state, actions = s.step(state, RequestObserved(Request(member, 2)), 11.0)
+    assert state.swap is None and state.resident == "a"
+    assert state.last_swap is not None and state.last_swap.outcome is Outcome.WITHDRAWN
+    assert state.last_swap.generation == 2
+    assert kinds(actions, Scale) == [] and kinds(actions, ClearRequest) == []
+    # a late idle answer does nothing
+    state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 12.0)
+    assert actions == []
+
+
+def test_a_withdrawal_once_unloading_began_is_not_honoured() -> None:
+    state, _ = run(
+        resident(),
+        [(10.0, RequestObserved(Request("b", 1))), (11.0, IdleResult("a", Verdict.IDLE))],
+    )
+    state, actions = s.step(state, RequestObserved(Request(None, 2)), 12.0)
+    assert state.swap is not None and state.swap.phase is Phase.UNLOADING
+    state, actions = run(
+        state, [(13.0, MembersObserved(pods())), (14.0, MembersObserved(pods(b=1)))]
+    )
+    assert state.resident == "b"
+    # afterwards the withdrawal (member null) asks for nothing
+    state, actions = s.step(state, Tick(), 15.0)
+    assert actions == []
+
+
+def test_a_newer_request_while_draining_retargets_the_swap() -> None:
+    state, _ = s.step(resident(), RequestObserved(Request("b", 1)), 10.0)
+    state, _ = s.step(state, RequestObserved(Request("c", 2)), 11.0)
+    assert state.swap is not None and (state.swap.to, state.swap.generation) == ("c", 2)
+    state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 12.0)
+    state, actions = s.step(state, MembersObserved(pods()), 13.0)
+    assert actions == [Scale("c", 1)]
+
+
+def test_a_request_for_a_non_member_is_answered_and_cleared() -> None:
+    state, actions = s.step(resident(), RequestObserved(Request("zzz", 4)), 10.0)
+    assert ClearRequest(4) in actions
+    assert state.last_swap is not None and state.last_swap.reason == s.NOT_A_MEMBER
+    assert kinds(actions, Scale) == []
+    state, actions = s.step(state, Tick(), 11.0)
+    assert actions == []
+
+
+def test_a_problem_in_the_spec_stalls_everything_until_fixed() -> None:
+    problem = Problem("MemberNotFound", "ModelServer b not found")
+    state, actions = s.step(resident(), SpecObserved(CONFIG, 2, problem), 1.0)
+    assert actions == [EmitEvent("Warning", "MemberNotFound", "ModelServer b not found")]
+    state, actions = s.step(state, RequestObserved(Request("b", 1)), 2.0)
+    assert actions == []
+    assert s.desired_replicas(state) is None
+    assert s.phase_of(state) == "Degraded"
+    # the same problem observed again is not announced again
+    state, actions = s.step(state, SpecObserved(CONFIG, 2, problem), 3.0)
+    assert actions == []
+    state, actions = s.step(state, SpecObserved(CONFIG, 3, None), 4.0)
+    assert actions[0] == EmitEvent("Normal", "SpecValid", "the pool's spec is valid again")
+    assert actions[-1] == ProbeIdle("a")
+    assert state.generation == 3
+
+
+def test_a_stale_idle_answer_is_ignored() -> None:
+    state, actions = s.step(resident(), IdleResult("a", Verdict.IDLE), 1.0)
+    assert actions == [] and state.swap is None
+
+
+def test_an_incumbent_without_pods_needs_no_probe() -> None:
+    state = replace(resident(), observed=pods())
+    state, actions = s.step(state, RequestObserved(Request("b", 1)), 10.0)
+    assert kinds(actions, ProbeIdle) == []
+    assert Scale("b", 1) in actions

@@ -1,0 +1,139 @@
+"""The swap against a simulated cluster: random requests, probe answers, slow pods.
+
+Holds the invariants that no table of cases can enumerate: two members' pods never
+exist at once, a Scale action always agrees with the replicas the pool wants, every
+swap ends within its budget, and a pool left alone settles with one resident.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from reconciler import swap as s
+
+pytestmark = pytest.mark.unit
+
+MEMBERS = ("a", "b", "c")
+BUDGET = 60.0
+
+
+@dataclass
+class FakeMember:
+    """One member's pods: created, scheduled, Ready after a load time, gone after a grace."""
+
+    replicas: int = 0
+    created_at: float | None = None
+    terminating_since: float | None = None
+    load_time: float = 3.0
+    never_ready: bool = False
+
+    def advance(self, now: float, grace: float) -> None:
+        if self.replicas == 0 and self.created_at is not None and self.terminating_since is None:
+            self.terminating_since = now
+        if self.terminating_since is not None and now - self.terminating_since >= grace:
+            self.created_at = self.terminating_since = None
+        if self.replicas == 1 and self.created_at is None:
+            self.created_at = now
+
+    def exists(self) -> bool:
+        return self.created_at is not None
+
+    def ready(self, now: float) -> bool:
+        return (
+            self.created_at is not None
+            and self.terminating_since is None
+            and not self.never_ready
+            and now - self.created_at >= self.load_time
+        )
+
+
+@dataclass
+class Sim:
+    rng: random.Random
+    members: dict[str, FakeMember] = field(default_factory=dict)
+    now: float = 0.0
+    generation: int = 0
+
+    def observed(self) -> s.MemberPods:
+        pods = {m: 1 for m, f in self.members.items() if f.exists()}
+        ready = {m: 1 for m, f in self.members.items() if f.ready(self.now)}
+        return s.MemberPods(pods=pods, scheduled=pods, ready=ready)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) -> None:
+    rng = random.Random(seed)
+    sim = Sim(rng, {m: FakeMember(load_time=rng.uniform(0.5, 8)) for m in MEMBERS})
+    sim.members[rng.choice(MEMBERS)].never_ready = rng.random() < 0.3
+    config = s.PoolConfig(
+        members=MEMBERS,
+        default=rng.choice([*MEMBERS, None]),
+        swap_budget=BUDGET,
+        min_residency=rng.choice([0.0, 5.0]),
+        probe_interval=1.0,
+    )
+    state = s.PoolState(config=config)
+    pending_probe: str | None = None
+    request: s.Request | None = None
+
+    def feed(event: s.Event) -> None:
+        nonlocal state, pending_probe
+        state, actions = s.step(state, event, sim.now)
+        wanted = s.desired_replicas(state)
+        assert wanted is not None
+        last_scale = {a.member: a.replicas for a in actions if isinstance(a, s.Scale)}
+        for member, replicas in last_scale.items():
+            assert wanted[member] == replicas, (member, replicas, state)
+        for action in actions:
+            if isinstance(action, s.ProbeIdle):
+                pending_probe = action.member
+            if isinstance(action, s.ClearRequest):
+                clear(action.generation)
+        for member, replicas in wanted.items():
+            sim.members[member].replicas = replicas
+        if state.swap is not None:
+            assert sim.now - state.swap.started <= BUDGET + 0.5
+
+    def clear(generation: int) -> None:
+        nonlocal request
+        if request is not None and request.generation == generation:
+            sim.generation += 1
+            request = s.Request(None, sim.generation)
+            feed(s.RequestObserved(request))
+
+    feed(s.MembersObserved(sim.observed()))
+    for _ in range(2000):
+        sim.now = round(sim.now + 0.5, 3)
+        for fake in sim.members.values():
+            fake.advance(sim.now, grace=rng.choice([0.5, 2.0]))
+        assert sum(f.exists() for f in sim.members.values()) <= 1, sim.members
+        feed(s.MembersObserved(sim.observed()))
+        roll = rng.random()
+        if roll < 0.02:
+            sim.generation += 1
+            request = s.Request(rng.choice([*MEMBERS, None]), sim.generation)
+            feed(s.RequestObserved(request))
+        if pending_probe is not None and rng.random() < 0.5:
+            verdict = rng.choices(
+                [s.Verdict.IDLE, s.Verdict.BUSY, s.Verdict.FAILED], weights=[6, 3, 1]
+            )[0]
+            member, pending_probe = pending_probe, None
+            feed(s.IdleResult(member, verdict))
+        feed(s.Tick())
+
+    # left alone with idle probes, the pool settles: no swap runs, at most one resident
+    for _ in range(400):
+        sim.now = round(sim.now + 0.5, 3)
+        for fake in sim.members.values():
+            fake.advance(sim.now, grace=0.5)
+        feed(s.MembersObserved(sim.observed()))
+        if pending_probe is not None:
+            member, pending_probe = pending_probe, None
+            feed(s.IdleResult(member, s.Verdict.IDLE))
+        feed(s.Tick())
+    assert state.swap is None or sim.members[state.swap.to].never_ready
+    if state.swap is None and state.resident is not None:
+        assert sim.members[state.resident].ready(sim.now)
