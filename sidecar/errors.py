@@ -8,7 +8,6 @@ activation refuses to hold, 504 upstream timeout. Never 429.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from typing import Protocol, runtime_checkable
@@ -106,7 +105,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_timeout",
             kind="connect_timeout",
         )
-    if isinstance(exc, asyncio.TimeoutError):  # aiohttp's read timeouts are TimeoutErrors
+    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors
         return ProxyError(
             504,
             f"Backend '{backend}' did not answer in time.",
@@ -130,9 +129,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_failed",
             kind="disconnect",
         )
-    return ProxyError(
-        500, "Internal router error.", type="server_error", code="internal_error"
-    )
+    return ProxyError(500, "Internal router error.", type="server_error", code="internal_error")
 
 
 def is_connect_failure(err: ProxyError) -> bool:

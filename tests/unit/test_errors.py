@@ -1,0 +1,105 @@
+"""The error vocabulary: each library error maps to one status, type and code, and every
+answer is OpenAI error JSON."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+from aiohttp.client_reqrep import ConnectionKey
+
+from sidecar import errors
+
+pytestmark = pytest.mark.unit
+
+
+class _Refusal(Exception):
+    def __init__(self, retry_after: float | None) -> None:
+        super().__init__("held too long")
+        self.message = "held too long"
+        self.code = "swap_budget_exceeded"
+        self.status = 503
+        self.retry_after = retry_after
+
+
+def _connector_error() -> aiohttp.ClientConnectorError:
+    key = ConnectionKey("127.0.0.1", 9, False, True, None, None, None)
+    return aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connection refused"))
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "type_", "code", "kind"),
+    [
+        (_connector_error(), 502, "upstream_error", "upstream_connect_failed", "connect"),
+        (
+            aiohttp.ConnectionTimeoutError(),
+            504,
+            "upstream_error",
+            "upstream_timeout",
+            "connect_timeout",
+        ),
+        (aiohttp.SocketTimeoutError(), 504, "upstream_error", "upstream_timeout", "timeout"),
+        (TimeoutError(), 504, "upstream_error", "upstream_timeout", "timeout"),
+        (aiohttp.ServerDisconnectedError(), 502, "upstream_error", "upstream_failed", "disconnect"),
+        (aiohttp.ClientPayloadError("cut"), 502, "upstream_error", "upstream_failed", "disconnect"),
+        (_Refusal(2.1), 503, "service_unavailable", "swap_budget_exceeded", None),
+        (ValueError("bug"), 500, "server_error", "internal_error", None),
+    ],
+)
+def test_translate(
+    exc: BaseException, status: int, type_: str, code: str, kind: str | None
+) -> None:
+    err = errors.translate(exc, "coder")
+    assert (err.status, err.type, err.code, err.kind) == (status, type_, code, kind)
+
+
+def test_connect_failures_are_the_ones_reported_to_the_activator() -> None:
+    reported = {
+        kind
+        for kind in ("connect", "connect_timeout", "timeout", "disconnect")
+        if errors.is_connect_failure(errors.ProxyError(502, "m", type="t", code="c", kind=kind))
+    }
+    assert reported == {"connect", "connect_timeout"}
+
+
+def test_a_proxy_error_translates_to_itself() -> None:
+    err = errors.model_not_found("m")
+    assert errors.translate(err, "coder") is err
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "header"), [(2.1, "3"), (2.0, "2"), (0.2, "1"), (0.0, "0"), (None, None)]
+)
+def test_retry_after_is_whole_seconds_rounded_up(
+    retry_after: float | None, header: str | None
+) -> None:
+    response = errors.error_response(errors.translate(_Refusal(retry_after), "coder"))
+    assert response.status == 503
+    assert response.headers.get("Retry-After") == header
+
+
+def test_error_body_is_openai_shaped_and_truncates_echoes() -> None:
+    err = errors.model_not_found("m" * 1000)
+    response = errors.error_response(err)
+    assert response.status == 404
+    assert response.content_type == "application/json"
+    assert response.body is not None
+    body = json.loads(response.body)  # type: ignore[arg-type]
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == "model"
+    assert len(body["error"]["message"]) < 300
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "code"),
+    [
+        (errors.bad_request("x"), 400, None),
+        (errors.unauthorized(), 401, "invalid_api_key"),
+        (errors.model_not_found("x"), 404, "model_not_found"),
+        (errors.body_too_large(10), 413, "request_too_large"),
+    ],
+)
+def test_client_errors(err: errors.ProxyError, status: int, code: str | None) -> None:
+    assert (err.status, err.code, err.type) == (status, code, "invalid_request_error")
