@@ -41,6 +41,15 @@ class EndpointIndex:
         self._slices = {s.name: s for s in slices}
         self._bad.clear()
 
+    def replace_service(self, service: str, slices: Iterable[EndpointSlice]) -> None:
+        """A fresh list of one Service's slices (a re-read after a connection failure)."""
+        fresh = {s.name: s for s in slices}
+        for name in [n for n, s in self._slices.items() if s.service == service]:
+            if name not in fresh:
+                self.delete(name)
+        for s in fresh.values():
+            self.upsert(s)
+
     def upsert(self, s: EndpointSlice) -> None:
         old = self._slices.get(s.name)
         self._slices[s.name] = s

@@ -1,0 +1,473 @@
+"""The activator's async shell: it feeds the pure state machine and carries out its actions.
+
+`sidecar.activator` decides; this module owns everything that waits or talks: the held
+requests' futures, the watches of the router's ModelPools and of the member Services'
+EndpointSlices (through a `KubePort`, implemented by `sidecar.kube`), the compare-and-swap
+writes and re-reads, the timer that wakes the machine at its next deadline, and the
+metrics. The proxy only sees `Activation.acquire`: a context manager that yields where to
+send a request once its member is resident, and spans the request while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from sidecar import activator
+from sidecar.activator import (
+    Action,
+    Admit,
+    Arrive,
+    EndpointsObserved,
+    Event,
+    Fail,
+    Leave,
+    PoolLimits,
+    PoolObserved,
+    PoolState,
+    PoolStatus,
+    Reconfigure,
+    Reread,
+    Shutdown,
+    Tick,
+    WriteConflicted,
+    WriteFailed,
+    WriteRequest,
+    WriteSucceeded,
+)
+from sidecar.config import BackendConfig, PoolConfig, RouterConfig
+from sidecar.endpoints import EndpointIndex, EndpointSlice
+from sidecar.metrics import RouterMetrics
+
+logger = logging.getLogger(__name__)
+
+NO_READY_ENDPOINT = "no_ready_endpoint"
+_REREAD_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+T = TypeVar("T")
+
+
+# --- The port to the API server -----------------------------------------------------------
+
+
+class KubeError(Exception):
+    """The API server could not be reached, or refused for a reason worth retrying."""
+
+
+class Conflict(KubeError):
+    """A compare-and-swap write lost its race (HTTP 422 from a failed `test`, or 409)."""
+
+
+@dataclass(frozen=True)
+class Listed(Generic[T]):
+    """A fresh list: replaces everything known (at start, and after the watch expired)."""
+
+    items: tuple[T, ...]
+
+
+@dataclass(frozen=True)
+class Changed(Generic[T]):
+    item: T
+
+
+@dataclass(frozen=True)
+class Deleted:
+    name: str
+
+
+WatchEvent = Listed[T] | Changed[T] | Deleted
+
+
+class KubePort(Protocol):
+    """What the shell needs of the API server. Watches never end on their own: they list,
+    watch, resume, and list again after 410 Gone."""
+
+    async def get_pool(self, namespace: str, name: str) -> PoolStatus | None: ...
+
+    async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
+        """CAS-write `status.request` as docs/contracts.md section 2 says; raises Conflict."""
+        ...
+
+    def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]: ...
+
+    def watch_endpoint_slices(self, namespace: str) -> AsyncIterator[WatchEvent[EndpointSlice]]: ...
+
+    async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]: ...
+
+
+# --- Public interface for the proxy -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str  # "http://127.0.1.3:8080", no trailing slash
+    backend: str
+    pool: str | None
+
+
+class ActivationError(Exception):
+    """A request the activator cannot serve: the proxy answers `status` with Retry-After."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int = 503,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.retry_after = retry_after
+
+
+def limits_for(pool: PoolConfig, config: RouterConfig) -> PoolLimits:
+    fair = pool.swap_policy == "fair"
+    return PoolLimits(
+        members=pool.members,
+        swap_budget=pool.swap_budget_seconds,
+        max_held=config.max_held_requests,
+        max_wait=pool.max_wait_seconds if fair else None,
+    )
+
+
+class Activation:
+    """Per-pool activators of one router, and the endpoints its backends dispatch to."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        kube: KubePort | None,
+        metrics: RouterMetrics,
+        *,
+        identity: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._kube = kube
+        self._metrics = metrics
+        self._identity = identity
+        self._clock = clock
+        self._pools: dict[str, PoolState] = {
+            p.name: activator.initial_state(p.name, identity, limits_for(p, config))
+            for p in config.pools
+        }
+        self._seen: dict[str, PoolStatus] = {}  # latest status of every pool in the namespace
+        self._endpoints = EndpointIndex()
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._ids = itertools.count(1)
+        self._inflight: Counter[str] = Counter()  # per backend
+        self._pools_synced = False
+        self._slices_synced = False
+        self._wake = asyncio.Event()
+        self._work: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._closed = False
+
+    # --- lifecycle ---
+
+    async def run(self) -> None:
+        """Watch pools and EndpointSlices, wake the machines at their deadlines, and carry
+        out writes and re-reads. Runs until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._ticker())
+            tg.create_task(self._worker(tg))
+            if self._kube is not None:
+                tg.create_task(self._watch_pools(self._kube))
+                tg.create_task(self._watch_slices(self._kube))
+
+    def ready(self) -> bool:
+        return self._kube is None or (self._pools_synced and self._slices_synced)
+
+    async def shutdown(self, retry_after: float) -> None:
+        """Answer every held request, and every later one, with `shutting_down`."""
+        self._closed = True
+        for name in list(self._pools):
+            self._feed(name, Shutdown(retry_after))
+
+    def update_config(self, config: RouterConfig) -> None:
+        if config.namespace != self._config.namespace:
+            logger.warning(
+                "router namespace changed from %s to %s: restart the router to watch it",
+                self._config.namespace,
+                config.namespace,
+            )
+        self._config = config
+        for p in config.pools:
+            limits = limits_for(p, config)
+            if p.name in self._pools:
+                self._feed(p.name, Reconfigure(limits))
+            else:
+                self._pools[p.name] = activator.initial_state(p.name, self._identity, limits)
+                self._feed(p.name, PoolObserved(self._seen.get(p.name)))
+        self._refresh_ready()
+
+    # --- requests ---
+
+    def acquire(self, backend: BackendConfig) -> AbstractAsyncContextManager[Target]:
+        return self._acquire(backend)
+
+    @asynccontextmanager
+    async def _acquire(self, backend: BackendConfig) -> AsyncIterator[Target]:
+        if backend.url is not None:
+            yield Target(backend.url.rstrip("/"), backend.name, None)
+            return
+        pooled = backend.pool is not None and backend.model_server is not None
+        if pooled:
+            assert backend.pool is not None and backend.model_server is not None
+            await self._hold(backend.pool, backend.model_server)
+        elif self._closed:
+            raise ActivationError("the router is shutting down", code=activator.SHUTTING_DOWN)
+        target = self._pick(backend)
+        if target is None:
+            raise ActivationError(
+                f"{backend.name} has no ready endpoint", code=NO_READY_ENDPOINT, retry_after=1.0
+            )
+        self._inflight[backend.name] += 1
+        try:
+            yield target
+        finally:
+            self._inflight[backend.name] -= 1
+
+    async def _hold(self, pool: str, member: str) -> None:
+        if pool not in self._pools:
+            raise ActivationError(
+                f"pool {pool} is not in the router config", code=NO_READY_ENDPOINT
+            )
+        wid = next(self._ids)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[wid] = future
+        try:
+            elsewhere = sum(len(s.waiters) for n, s in self._pools.items() if n != pool)
+            self._feed(pool, Arrive(wid, member, elsewhere))
+            await future
+        except asyncio.CancelledError:
+            # The client went away. The load it asked for goes on; the machine decides
+            # whether the request for it is withdrawn.
+            self._feed(pool, Leave(wid))
+            raise
+        finally:
+            del self._waiting[wid]
+
+    def report_connect_failure(self, target: Target) -> None:
+        """The upstream refused the connection: mark the address bad, and re-read the pool
+        and the Service's EndpointSlices at once, so stale residency is not served."""
+        backend = self._config.backend(target.backend)
+        if backend is None or backend.service is None:
+            return
+        address = target.base_url.removeprefix("http://")
+        logger.warning("connection to %s (%s) failed: marking it bad", address, backend.name)
+        self._endpoints.mark_bad(backend.service, address, self._clock())
+        self._refresh_ready()
+        if self._kube is None:
+            return
+        kube, service = self._kube, backend.service
+        self._submit(lambda: self._relist_service(kube, service))
+        if backend.pool is not None and backend.pool in self._pools:
+            pool = backend.pool
+            self._submit(lambda: self._reread(kube, pool))
+
+    def model_states(self) -> dict[str, str]:
+        now = self._clock()
+        states: dict[str, str] = {}
+        for b in self._config.backends:
+            if b.url is not None:
+                states[b.name] = "ready"
+            elif b.pool is not None and b.model_server is not None and b.pool in self._pools:
+                states[b.name] = activator.member_state(self._pools[b.pool], b.model_server)
+            elif b.service is not None and self._endpoints.ready_addresses(b.service, now, b.port):
+                states[b.name] = "ready"
+            else:
+                states[b.name] = "unavailable"
+        return states
+
+    def inflight(self) -> int:
+        """Requests between acquire and the end of their response."""
+        return sum(self._inflight.values())
+
+    # --- the machine ---
+
+    def _feed(self, pool: str, event: Event) -> None:
+        state, actions = activator.step(self._pools[pool], event, self._clock())
+        self._pools[pool] = state
+        for action in actions:
+            self._execute(pool, action)
+        for member, count in activator.held_counts(state).items():
+            self._metrics.held(pool, member).set(count)
+        self._wake.set()
+
+    def _execute(self, pool: str, action: Action) -> None:
+        match action:
+            case Admit(waiter=wid, member=member, held_for=held_for):
+                if held_for is None:
+                    self._metrics.coalesced(pool, member)
+                else:
+                    self._metrics.observe_hold(pool, member, held_for)
+                self._resolve(wid, None)
+            case Fail() as fail:
+                if fail.held_for is not None:
+                    self._metrics.observe_hold(pool, fail.member, fail.held_for)
+                logger.info("request for %s/%s refused: %s", pool, fail.member, fail.message)
+                self._resolve(
+                    fail.waiter,
+                    ActivationError(fail.message, code=fail.code, retry_after=fail.retry_after),
+                )
+            case WriteRequest() as write:
+                if self._kube is not None:
+                    kube = self._kube
+                    self._submit(lambda: self._write(kube, pool, write))
+            case Reread():
+                if self._kube is not None:
+                    kube = self._kube
+                    self._submit(lambda: self._reread(kube, pool))
+
+    def _resolve(self, wid: int, error: ActivationError | None) -> None:
+        future = self._waiting.get(wid)
+        if future is None or future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    def _submit(self, work: Callable[[], Awaitable[None]]) -> None:
+        self._work.put_nowait(work)
+
+    async def _worker(self, tg: asyncio.TaskGroup) -> None:
+        while True:
+            work = await self._work.get()
+            tg.create_task(_logged(work()))
+
+    async def _ticker(self) -> None:
+        while True:
+            now = self._clock()
+            times = [activator.next_wakeup(s, now) for s in self._pools.values()]
+            times.append(self._endpoints.next_expiry(now))
+            wake = min((t for t in times if t is not None), default=None)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if wake is None else max(0.0, wake - now)):
+                    await self._wake.wait()
+            if wake is not None and self._clock() >= wake:
+                self._refresh_ready()
+                for name in list(self._pools):
+                    self._feed(name, Tick())
+
+    # --- API server work ---
+
+    async def _write(self, kube: KubePort, pool: str, write: WriteRequest) -> None:
+        namespace = self._config.namespace
+        try:
+            status = await kube.write_request(namespace, pool, write)
+        except Conflict:
+            logger.info("pool %s: request %s lost its race; re-reading", pool, write.request)
+            self._feed(pool, WriteConflicted())
+            return
+        except KubeError as e:
+            logger.warning("pool %s: writing request %s failed: %s", pool, write.request, e)
+            self._feed(pool, WriteFailed())
+            return
+        except Exception:
+            # The machine must hear back about every write, or it never writes again.
+            logger.exception("pool %s: writing request %s failed", pool, write.request)
+            self._feed(pool, WriteFailed())
+            return
+        logger.info(
+            "pool %s: requested %s (generation %s)",
+            pool,
+            write.request.member or "nothing (withdrawn)",
+            write.request.generation,
+        )
+        self._seen[pool] = status
+        self._feed(pool, WriteSucceeded(status))
+
+    async def _reread(self, kube: KubePort, pool: str) -> None:
+        # The machine decides nothing for this pool until it hears back: keep trying.
+        for attempt in itertools.count():
+            try:
+                status = await kube.get_pool(self._config.namespace, pool)
+            except KubeError as e:
+                delay = _REREAD_BACKOFF[min(attempt, len(_REREAD_BACKOFF) - 1)]
+                logger.warning("pool %s: re-read failed (%s); again in %ss", pool, e, delay)
+                await asyncio.sleep(delay)
+                continue
+            if status is not None:
+                self._seen[pool] = status
+            self._feed(pool, PoolObserved(status))
+            return
+
+    async def _relist_service(self, kube: KubePort, service: str) -> None:
+        slices = await kube.list_endpoint_slices(self._config.namespace, service)
+        self._endpoints.replace_service(service, slices)
+        self._refresh_ready()
+
+    async def _watch_pools(self, kube: KubePort) -> None:
+        async for event in kube.watch_pools(self._config.namespace):
+            match event:
+                case Listed(items=items):
+                    self._seen = {s.name: s for s in items}
+                    for name in list(self._pools):
+                        self._feed(name, PoolObserved(self._seen.get(name)))
+                    self._pools_synced = True
+                case Changed(item=status):
+                    self._seen[status.name] = status
+                    if status.name in self._pools:
+                        self._feed(status.name, PoolObserved(status))
+                case Deleted(name=name):
+                    self._seen.pop(name, None)
+                    if name in self._pools:
+                        self._feed(name, PoolObserved(None))
+
+    async def _watch_slices(self, kube: KubePort) -> None:
+        async for event in kube.watch_endpoint_slices(self._config.namespace):
+            match event:
+                case Listed(items=items):
+                    self._endpoints.replace_all(items)
+                    self._slices_synced = True
+                case Changed(item=endpoint_slice):
+                    self._endpoints.upsert(endpoint_slice)
+                case Deleted(name=name):
+                    self._endpoints.delete(name)
+            self._refresh_ready()
+
+    # --- endpoints ---
+
+    def _refresh_ready(self) -> None:
+        """Tell each pool's machine which members have a ready endpoint now."""
+        now = self._clock()
+        for name, state in list(self._pools.items()):
+            ready = frozenset(
+                m
+                for m in state.limits.members
+                if (b := self._config.backend_for_member(m)) is not None
+                and b.service is not None
+                and self._endpoints.ready_addresses(b.service, now, b.port)
+            )
+            if ready != state.ready:
+                self._feed(name, EndpointsObserved(ready))
+
+    def _pick(self, backend: BackendConfig) -> Target | None:
+        if backend.service is None:
+            return None
+        address = self._endpoints.pick(backend.service, self._clock(), backend.port)
+        if address is None:
+            return None
+        return Target(f"http://{address}", backend.name, backend.pool)
+
+
+async def _logged(work: Awaitable[None]) -> None:
+    """A write or re-read that fails unexpectedly is logged; the machine recovers at its
+    next deadline (a held request never waits past its budget)."""
+    try:
+        await work
+    except Exception:
+        logger.exception("activation work failed")

@@ -1,0 +1,333 @@
+"""The router's only door to the Kubernetes API (the one sidecar module importing kr8s).
+
+It implements `sidecar.activation.KubePort`: it reads and watches the namespace's
+ModelPools and EndpointSlices (list, then watch from the list's version, resume after a
+dropped connection, list again after 410 Gone), and writes a pool's `status.request` by
+JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. kr8s and httpx
+errors are translated here, once, into `KubeError` and `Conflict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+import kr8s
+import kr8s.asyncio
+
+from sidecar.activation import Changed, Conflict, Deleted, KubeError, Listed, WatchEvent
+from sidecar.activator import (
+    LastSwap,
+    PoolRequest,
+    PoolStatus,
+    SwapProgress,
+    WriteRequest,
+)
+from sidecar.endpoints import Endpoint, EndpointSlice
+
+logger = logging.getLogger(__name__)
+
+POOL_API = "modelpool.dev/v1alpha1"
+SLICE_API = "discovery.k8s.io/v1"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_REQUEST_TIMEOUT = 15.0
+_WATCH_SECONDS = 290  # the server ends each watch; we resume from the last version
+_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+T = TypeVar("T")
+Body = dict[str, Any]
+
+__all__ = ["Conflict", "KubeClient", "KubeError", "connect", "parse_pool", "parse_slice"]
+
+
+class _Gone(Exception):
+    """The watch's resource version expired (410): list again."""
+
+
+async def connect(kubeconfig: str | None = None) -> KubeClient:
+    """A client from `kubeconfig`, else KUBECONFIG or the in-cluster service account."""
+    try:
+        api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
+    except Exception as e:
+        raise KubeError(f"cannot connect to the Kubernetes API: {e}") from e
+    return KubeClient(api)
+
+
+class KubeClient:
+    def __init__(
+        self, api: Any, *, wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
+        self._api = api
+        self._wall_clock = wall_clock
+
+    # --- ModelPools ---
+
+    async def get_pool(self, namespace: str, name: str) -> PoolStatus | None:
+        try:
+            body = await self._json("GET", POOL_API, namespace, f"modelpools/{name}")
+        except _NotFound:
+            return None
+        return parse_pool(body)
+
+    async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
+        ops = request_patch(write, self._wall_clock())
+        try:
+            body = await self._json(
+                "PATCH",
+                POOL_API,
+                namespace,
+                f"modelpools/{pool}/status",
+                content=json.dumps(ops),
+                headers={"Content-Type": "application/json-patch+json"},
+            )
+        except _NotFound as e:
+            raise KubeError(f"ModelPool {namespace}/{pool} not found") from e
+        return parse_pool(body)
+
+    def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
+        return self._watch(POOL_API, namespace, "modelpools", parse_pool)
+
+    # --- EndpointSlices ---
+
+    def watch_endpoint_slices(self, namespace: str) -> AsyncIterator[WatchEvent[EndpointSlice]]:
+        return self._watch(
+            SLICE_API, namespace, "endpointslices", parse_slice, label_selector=SERVICE_NAME_LABEL
+        )
+
+    async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]:
+        items, _ = await self._list(
+            SLICE_API,
+            namespace,
+            "endpointslices",
+            parse_slice,
+            label_selector=f"{SERVICE_NAME_LABEL}={service}",
+        )
+        return items
+
+    # --- plumbing ---
+
+    async def _json(
+        self, method: str, version: str, namespace: str, url: str, **kwargs: Any
+    ) -> Body:
+        try:
+            async with self._api.call_api(
+                method,
+                version=version,
+                namespace=namespace,
+                url=url,
+                timeout=_REQUEST_TIMEOUT,
+                **kwargs,
+            ) as response:
+                body = response.json()
+        except Exception as e:
+            raise _translate(e, f"{method} {url}") from e
+        if not isinstance(body, dict):
+            raise KubeError(f"{method} {url}: the API server answered {type(body).__name__}")
+        return body
+
+    async def _list(
+        self,
+        version: str,
+        namespace: str,
+        plural: str,
+        parse: Callable[[Body], T],
+        label_selector: str | None = None,
+    ) -> tuple[list[T], str]:
+        params = {"labelSelector": label_selector} if label_selector else {}
+        body = await self._json("GET", version, namespace, plural, params=params)
+        items = [parse(item) for item in body.get("items") or ()]
+        return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(
+        self,
+        version: str,
+        namespace: str,
+        plural: str,
+        parse: Callable[[Body], T],
+        label_selector: str | None = None,
+    ) -> AsyncIterator[WatchEvent[T]]:
+        """List, then watch from the list's version; on a dropped stream resume from the last
+        version seen; on 410 Gone list again. Never ends on its own."""
+        resource_version: str | None = None
+        failures = 0
+        while True:
+            try:
+                if resource_version is None:
+                    items, resource_version = await self._list(
+                        version, namespace, plural, parse, label_selector
+                    )
+                    yield Listed(tuple(items))
+                params = {
+                    "watch": "true",
+                    "resourceVersion": resource_version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": str(_WATCH_SECONDS),
+                }
+                if label_selector:
+                    params["labelSelector"] = label_selector
+                async with self._api.call_api(
+                    "GET",
+                    version=version,
+                    namespace=namespace,
+                    url=plural,
+                    params=params,
+                    stream=True,
+                    timeout=None,
+                ) as response:
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        kind, obj = _watch_line(line)
+                        resource_version = obj["metadata"]["resourceVersion"]
+                        failures = 0
+                        if kind == "BOOKMARK":
+                            continue
+                        if kind == "DELETED":
+                            yield Deleted(obj["metadata"]["name"])
+                        else:
+                            yield Changed(parse(obj))
+            except _Gone:
+                logger.info("watch of %s expired (410 Gone): listing again", plural)
+                resource_version = None
+            except Exception as e:
+                error = _translate(e, f"watch {plural}")
+                if isinstance(error, _Gone):
+                    resource_version = None
+                    continue
+                delay = _BACKOFF[min(failures, len(_BACKOFF) - 1)]
+                failures += 1
+                logger.warning("watch of %s failed (%s); again in %ss", plural, error, delay)
+                await asyncio.sleep(delay)
+
+
+class _NotFound(KubeError):
+    pass
+
+
+def _watch_line(line: str) -> tuple[str, Body]:
+    event = json.loads(line)
+    kind, obj = event["type"], event["object"]
+    if kind == "ERROR":
+        if obj.get("code") == 410:
+            raise _Gone()
+        raise KubeError(f"watch error: {obj.get('message', obj)}")
+    return str(kind), obj
+
+
+def _translate(e: Exception, what: str) -> Exception:
+    """kr8s and httpx errors in our vocabulary: Conflict for a lost CAS, _Gone for an
+    expired version, _NotFound, else KubeError (worth retrying)."""
+    if isinstance(e, KubeError | _Gone):
+        return e
+    if isinstance(e, kr8s.ServerError) and e.response is not None:
+        code = e.response.status_code
+        if code in (409, 422):
+            return Conflict(f"{what}: {e}")
+        if code == 410:
+            return _Gone()
+        if code == 404:
+            return _NotFound(f"{what}: not found")
+        return KubeError(f"{what}: HTTP {code}: {str(e)[:300]}")
+    if isinstance(e, httpx.HTTPError | kr8s.APITimeoutError | OSError | ValueError | KeyError):
+        return KubeError(f"{what}: {type(e).__name__}: {str(e)[:300]}")
+    return e
+
+
+# --- bodies -------------------------------------------------------------------------------
+
+
+def request_patch(write: WriteRequest, now: datetime) -> list[Body]:
+    """The JSON Patch of docs/contracts.md section 2 for one compare-and-swap write."""
+    value = {
+        "member": write.request.member,
+        "generation": write.request.generation,
+        "requestedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "requestedBy": write.request.requested_by,
+    }
+    if write.expected is not None:
+        return [
+            {
+                "op": "test",
+                "path": "/status/request/generation",
+                "value": write.expected.generation,
+            },
+            {"op": "replace", "path": "/status/request", "value": value},
+        ]
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": write.resource_version}
+    if write.status_present:
+        return [test, {"op": "add", "path": "/status/request", "value": value}]
+    return [test, {"op": "add", "path": "/status", "value": {"request": value}}]
+
+
+def parse_pool(obj: Body) -> PoolStatus:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status")
+    present = isinstance(status, dict)
+    st: Body = status if isinstance(status, dict) else {}
+    return PoolStatus(
+        name=str(meta.get("name", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        status_present=present,
+        resident_member=st.get("residentMember"),
+        request=_request(st.get("request")),
+        swap=_swap(st.get("swap")),
+        last_swap=_last_swap(st.get("lastSwap")),
+    )
+
+
+def _request(raw: Any) -> PoolRequest | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("generation"), int):
+        return None
+    return PoolRequest(raw.get("member"), raw["generation"], raw.get("requestedBy"))
+
+
+def _swap(raw: Any) -> SwapProgress | None:
+    if not isinstance(raw, dict) or not raw.get("to"):
+        return None
+    generation = raw.get("generation")
+    return SwapProgress(
+        raw.get("from"),
+        str(raw["to"]),
+        generation if isinstance(generation, int) else None,
+        str(raw.get("phase") or ""),
+    )
+
+
+def _last_swap(raw: Any) -> LastSwap | None:
+    if not isinstance(raw, dict) or not raw.get("outcome"):
+        return None
+    generation = raw.get("generation")
+    duration = raw.get("durationSeconds")
+    return LastSwap(
+        raw.get("from"),
+        raw.get("to"),
+        generation if isinstance(generation, int) else None,
+        str(raw["outcome"]),
+        float(duration) if isinstance(duration, int | float) else None,
+        raw.get("reason"),
+        raw.get("message"),
+    )
+
+
+def parse_slice(obj: Body) -> EndpointSlice:
+    meta = obj.get("metadata") or {}
+    ports = obj.get("ports") or []
+    port = next((p.get("port") for p in ports if p.get("name") == "http"), None)
+    if port is None and ports:
+        port = ports[0].get("port")
+    endpoints: list[Endpoint] = []
+    for e in obj.get("endpoints") or ():
+        # A missing `ready` condition means unknown, which consumers treat as ready.
+        ready = (e.get("conditions") or {}).get("ready") is not False
+        endpoints.extend(Endpoint(str(a), ready) for a in e.get("addresses") or ())
+    return EndpointSlice(
+        name=str(meta.get("name", "")),
+        service=str((meta.get("labels") or {}).get(SERVICE_NAME_LABEL, "")),
+        port=port if isinstance(port, int) else None,
+        endpoints=tuple(endpoints),
+    )
