@@ -1,0 +1,206 @@
+"""A ModelPool's status as the swap state says it, and the swap state read back from status.
+
+The reconciler writes every field of `status` but `request` (docs/contracts.md section 2).
+What it writes is a pure projection of the swap state, so the shell can compare it with
+the object and write only when something changed: an idle reconciler makes no writes.
+Reading the state back from status is what lets a restarted reconciler, or a new leader,
+carry on with a swap that was running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler import conditions as cond
+from reconciler import swap as s
+from reconciler.timefmt import parse, rfc3339
+
+# The keys of status the reconciler owns; `request` belongs to the routers.
+OWNED_KEYS = (
+    "phase",
+    "residentMember",
+    "residentSince",
+    "swap",
+    "lastSwap",
+    "members",
+    "conditions",
+    "observedGeneration",
+)
+
+
+def request_of(status: Mapping[str, Any] | None) -> s.Request | None:
+    raw = (status or {}).get("request")
+    if not isinstance(raw, Mapping):
+        return None
+    generation = raw.get("generation")
+    member = raw.get("member")
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        return None
+    return s.Request(member if isinstance(member, str) and member else None, generation)
+
+
+def restore(config: s.PoolConfig, generation: int, status: Mapping[str, Any] | None) -> s.PoolState:
+    """The swap state that `status` describes (members not yet observed)."""
+    status = status or {}
+    resident = status.get("residentMember") or None
+    last = _last_swap(status.get("lastSwap"))
+    swap = _swap(status.get("swap"))
+    request = request_of(status)
+    answered = last.generation or 0 if last is not None else 0
+    if request is not None and request.member is not None and request.member == resident:
+        answered = max(answered, request.generation)
+    return s.PoolState(
+        config=config,
+        generation=generation,
+        request=request,
+        resident=resident if isinstance(resident, str) else None,
+        resident_since=parse(status.get("residentSince")),
+        swap=swap,
+        last_swap=last,
+        answered=answered,
+    )
+
+
+def _swap(raw: Any) -> s.Swap | None:
+    if not isinstance(raw, Mapping) or not raw.get("to"):
+        return None
+    try:
+        phase = s.Phase(str(raw.get("phase")))
+    except ValueError:
+        return None
+    started = parse(raw.get("startedAt"))
+    if started is None:
+        return None
+    generation = raw.get("generation")
+    return s.Swap(
+        from_=raw.get("from") or None,
+        to=str(raw["to"]),
+        generation=generation if isinstance(generation, int) else None,
+        phase=phase,
+        started=started,
+        phase_started=started,
+    )
+
+
+def _last_swap(raw: Any) -> s.LastSwap | None:
+    if not isinstance(raw, Mapping) or not raw.get("to"):
+        return None
+    try:
+        outcome = s.Outcome(str(raw.get("outcome")))
+    except ValueError:
+        return None
+    generation = raw.get("generation")
+    duration = raw.get("durationSeconds")
+    return s.LastSwap(
+        from_=raw.get("from") or None,
+        to=str(raw["to"]),
+        generation=generation if isinstance(generation, int) else None,
+        start=parse(raw.get("start")) or 0.0,
+        duration=float(duration) if isinstance(duration, int | float) else 0.0,
+        outcome=outcome,
+        reason=raw.get("reason"),
+        message=raw.get("message"),
+    )
+
+
+def member_phase(state: s.PoolState, member: str) -> str:
+    observed = state.observed or s.MemberPods()
+    if observed.ready.get(member, 0) > 0:
+        return "Ready"
+    if observed.count(member) > 0:
+        return "Loading"
+    return "Stopped"
+
+
+def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
+    phase = s.phase_of(state)
+    swap = state.swap
+    if phase == "Ready":
+        ready = (True, "Resident", f"{state.resident} is resident")
+    elif phase == "Swapping" and swap is not None:
+        ready = (False, "Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
+    elif phase == "Cold":
+        ready = (False, "Cold", "no member is resident")
+    else:
+        ready = (False, "ResidentNotReady", f"{state.resident} has no Ready pod")
+    reconciling = None
+    if swap is not None:
+        reconciling = ("Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
+    stalled = (state.problem.reason, state.problem.message) if state.problem else None
+    found = cond.kstatus(ready=ready, reconciling=reconciling, stalled=stalled)
+    if swap is not None and swap.deferral is not None:
+        found.append(cond.Condition(cond.SWAP_DEFERRED, True, swap.deferral.reason,
+                                    swap.deferral.message))
+    else:
+        found.append(cond.Condition(cond.SWAP_DEFERRED, False, "NotDeferred"))
+    return found
+
+
+def pool_status(
+    state: s.PoolState, previous: Mapping[str, Any] | None, now: float
+) -> dict[str, Any]:
+    """Every status field the reconciler owns; None means the field must be absent."""
+    previous = previous or {}
+    swap = state.swap
+    last = state.last_swap
+    return {
+        "phase": s.phase_of(state),
+        "residentMember": state.resident,
+        "residentSince": rfc3339(state.resident_since) if state.resident_since else None,
+        "swap": None if swap is None else {
+            "from": swap.from_,
+            "to": swap.to,
+            "generation": swap.generation,
+            "phase": swap.phase.value,
+            "startedAt": rfc3339(swap.started),
+        },
+        "lastSwap": None if last is None else _drop_none({
+            "from": last.from_,
+            "to": last.to,
+            "generation": last.generation,
+            "start": rfc3339(last.start),
+            "durationSeconds": round(last.duration, 3),
+            "outcome": last.outcome.value,
+            "reason": last.reason,
+            "message": last.message,
+        }),
+        "members": [
+            {"name": m, "phase": member_phase(state, m), "resident": m == state.resident}
+            for m in state.config.members
+        ],
+        "conditions": cond.merge(
+            previous.get("conditions"),
+            pool_conditions(state),
+            now=rfc3339(now),
+            observed_generation=state.generation,
+        ),
+        "observedGeneration": state.generation,
+    }
+
+
+def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def status_patch(owned: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The merge patch taking `previous` to `owned`: only keys that differ, None to
+    delete; empty when nothing changed (then nothing is written)."""
+    previous = previous or {}
+    patch: dict[str, Any] = {}
+    for key, value in owned.items():
+        before = previous.get(key)
+        if isinstance(value, dict) and isinstance(before, Mapping):
+            if _drop_none(value) != dict(before):
+                patch[key] = _full_replace(value, before)
+        elif value != before:
+            patch[key] = value
+    return patch
+
+
+def _full_replace(value: dict[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch of a nested object replacing it whole: keys gone become None."""
+    out = dict(value)
+    for key in before:
+        out.setdefault(key, None)
+    return out

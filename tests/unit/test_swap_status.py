@@ -1,0 +1,89 @@
+"""The pool's status as a projection of the swap state, and the state read back from it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from reconciler import pool_status as ps
+from reconciler import swap as s
+
+pytestmark = pytest.mark.unit
+
+CONFIG = s.PoolConfig(members=("a", "b"), default="a", swap_budget=60)
+T0 = 1_800_000_000.0
+
+
+def swapping() -> s.PoolState:
+    state = s.PoolState(
+        config=CONFIG,
+        generation=3,
+        resident="a",
+        resident_since=T0,
+        observed=s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, ready={"a": 1}),
+        request=s.Request("b", 7),
+        last_swap=s.LastSwap(None, "a", None, T0 - 5, 5.0, s.Outcome.SUCCEEDED),
+    )
+    state, _ = s.step(state, s.Tick(), T0 + 10)
+    state, _ = s.step(state, s.IdleResult("a", s.Verdict.BUSY), T0 + 11)
+    return state
+
+
+def test_a_swapping_pool_says_so() -> None:
+    status = ps.pool_status(swapping(), None, T0 + 11)
+    assert status["phase"] == "Swapping"
+    assert status["residentMember"] == "a"
+    assert status["swap"] == {
+        "from": "a", "to": "b", "generation": 7, "phase": "Draining",
+        "startedAt": "2027-01-15T08:00:10Z",
+    }
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions == {
+        "Ready": ("False", "Swapping"),
+        "Reconciling": ("True", "Swapping"),
+        "Stalled": ("False", "Valid"),
+        "SwapDeferred": ("True", "PodsBusy"),
+    }
+    assert status["members"] == [
+        {"name": "a", "phase": "Ready", "resident": True},
+        {"name": "b", "phase": "Stopped", "resident": False},
+    ]
+    assert status["observedGeneration"] == 3
+
+
+def test_status_round_trips_through_restore() -> None:
+    state = swapping()
+    status = ps.pool_status(state, None, T0 + 11)
+    status["request"] = {"member": "b", "generation": 7}
+    restored = ps.restore(CONFIG, 3, status)
+    assert restored.resident == "a" and restored.resident_since == T0
+    assert restored.request == s.Request("b", 7)
+    assert restored.swap is not None and state.swap is not None
+    assert (restored.swap.to, restored.swap.phase, restored.swap.started) == (
+        "b", s.Phase.DRAINING, state.swap.started,
+    )
+    assert restored.last_swap == state.last_swap
+
+
+def test_an_answered_request_is_restored_as_answered() -> None:
+    status = {
+        "residentMember": "a",
+        "request": {"member": "b", "generation": 4},
+        "lastSwap": {"from": "a", "to": "b", "generation": 4, "start": "2027-01-15T08:00:00Z",
+                     "durationSeconds": 60, "outcome": "Abandoned"},
+    }
+    state = replace(ps.restore(CONFIG, 1, status), observed=s.MemberPods(pods={"a": 1}))
+    _, actions = s.step(state, s.Tick(), T0)
+    assert actions == []
+
+
+def test_the_patch_is_empty_when_nothing_changed_and_deletes_what_went() -> None:
+    state = swapping()
+    first = ps.pool_status(state, None, T0 + 11)
+    assert ps.status_patch(ps.pool_status(state, first, T0 + 50), first) == {}
+    done = replace(state, swap=None)
+    patch = ps.status_patch(ps.pool_status(done, first, T0 + 50), first)
+    assert patch["swap"] is None
+    assert patch["phase"] == "Ready"
+    assert "residentMember" not in patch
