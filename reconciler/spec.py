@@ -56,25 +56,29 @@ def _typed(value: Any, typ: type[T], where: str, what: str) -> T:
     return value
 
 
+def _at(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
 def _obj(body: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     value = body.get(key)
     if value is None:
         return {}
-    return _typed(value, dict, f"{where}.{key}", "an object")
+    return _typed(value, dict, _at(where, key), "an object")
 
 
 def _list(body: Mapping[str, Any], key: str, where: str) -> list[Any]:
     value = body.get(key)
     if value is None:
         return []
-    return _typed(value, list, f"{where}.{key}", "a list")
+    return _typed(value, list, _at(where, key), "a list")
 
 
 def _str(body: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str | None:
     value = body.get(key)
     if value is None:
         return default
-    return _typed(value, str, f"{where}.{key}", "a string")
+    return _typed(value, str, _at(where, key), "a string")
 
 
 def _req_str(body: Mapping[str, Any], key: str, where: str) -> str:
@@ -88,7 +92,7 @@ def _int(body: Mapping[str, Any], key: str, where: str, default: int) -> int:
     value = body.get(key)
     if value is None:
         return default
-    return _typed(value, int, f"{where}.{key}", "an integer")
+    return _typed(value, int, _at(where, key), "an integer")
 
 
 def _enum(body: Mapping[str, Any], key: str, where: str, allowed: Sequence[str]) -> str:
@@ -109,7 +113,7 @@ def _duration(body: Mapping[str, Any], key: str, where: str, default: str | None
     text = _str(body, key, where, default)
     if text is None:
         return None
-    seconds = parse_duration(text, f"{where}.{key}")
+    seconds = parse_duration(text, _at(where, key))
     if seconds <= 0:
         raise SpecError(f"{where}.{key} must be a positive duration, not {text!r}")
     return seconds
@@ -157,15 +161,21 @@ def _meta(body: Mapping[str, Any], kind: str) -> ObjectRef:
         raise SpecError(f"a {kind} must be an object")
     if body.get("kind", kind) != kind:
         raise SpecError(f"kind must be {kind}, not {body.get('kind')!r}")
-    meta = _obj(body, "metadata", "")
-    if not meta:
+    if body.get("metadata") is None:
         raise SpecError("metadata is required")
+    meta = _obj(body, "metadata", "")
     return ObjectRef(
         namespace=_str(meta, "namespace", "metadata", "default") or "default",
         name=_req_str(meta, "name", "metadata"),
         uid=_str(meta, "uid", "metadata"),
         generation=_int(meta, "generation", "metadata", 0),
     )
+
+
+def _spec(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    if body.get("spec") is None:
+        raise SpecError("spec is required")
+    return _obj(body, "spec", "")
 
 
 @dataclass(frozen=True)
@@ -230,9 +240,7 @@ class ModelServerSpec:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelServerSpec:
         ref = _meta(body, "ModelServer")
-        spec = _obj(body, "spec", "")
-        if not spec:
-            raise SpecError("spec is required")
+        spec = _spec(body)
         where = "spec"
         runtime = _enum(spec, "runtime", where, RUNTIMES)
         model = _str(spec, "model", where)
@@ -337,9 +345,7 @@ class ModelPoolSpec:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelPoolSpec:
         ref = _meta(body, "ModelPool")
-        spec = _obj(body, "spec", "")
-        if not spec:
-            raise SpecError("spec is required")
+        spec = _spec(body)
         where = "spec"
         members = []
         for i, item in enumerate(_obj_list(spec, "members", where)):
@@ -418,9 +424,7 @@ class ModelRouterSpec:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelRouterSpec:
         ref = _meta(body, "ModelRouter")
-        spec = _obj(body, "spec", "")
-        if not spec:
-            raise SpecError("spec is required")
+        spec = _spec(body)
         where = "spec"
         backends = []
         for i, item in enumerate(_obj_list(spec, "backends", where)):
