@@ -1,0 +1,521 @@
+"""The activation shell (sidecar.activation) driven through its public interface.
+
+The API server is replaced by `FakeCluster`, an in-memory implementation of our own
+`KubePort` with the contract's compare-and-swap semantics (docs/contracts.md section 2),
+shared by several `Activation`s to stand for several router replicas. The tests play the
+reconciler by editing the fake's pool status and EndpointSlices. The real API server is
+exercised in tests/integration/test_router_kube.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.activation import (
+    Activation,
+    ActivationError,
+    Changed,
+    Conflict,
+    Deleted,
+    Listed,
+    Target,
+    WatchEvent,
+)
+from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
+from sidecar.config import RouterConfig, parse_config
+from sidecar.endpoints import Endpoint, EndpointSlice
+from sidecar.metrics import RouterMetrics
+
+pytestmark = pytest.mark.functional
+
+NS = "demo"
+
+
+class FakeCluster:
+    """Pools and EndpointSlices of one namespace, with watches and CAS writes."""
+
+    def __init__(self) -> None:
+        self.rv = 100
+        self.pools: dict[str, PoolStatus] = {}
+        self.slices: dict[str, EndpointSlice] = {}
+        self.writes: list[WriteRequest] = []  # successful ones, in order
+        self.conflicts = 0
+        self.reads = 0
+        self.slice_lists = 0
+        self._pool_watchers: list[asyncio.Queue[WatchEvent[PoolStatus]]] = []
+        self._slice_watchers: list[asyncio.Queue[WatchEvent[EndpointSlice]]] = []
+
+    def _next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    # --- the reconciler's side, played by the tests ---
+
+    def set_pool(self, name: str, **changes: Any) -> PoolStatus:
+        old = self.pools.get(name) or PoolStatus(name, "0")
+        status = replace(old, resource_version=self._next_rv(), **changes)
+        self.pools[name] = status
+        for q in self._pool_watchers:
+            q.put_nowait(Changed(status))
+        return status
+
+    def set_endpoints(self, service: str, *addresses: str, ready: bool = True) -> None:
+        s = EndpointSlice(
+            f"{service}-abc", service, 8080, tuple(Endpoint(a, ready) for a in addresses)
+        )
+        self.slices[s.name] = s
+        for q in self._slice_watchers:
+            q.put_nowait(Changed(s))
+
+    def delete_endpoints(self, service: str) -> None:
+        del self.slices[f"{service}-abc"]
+        for q in self._slice_watchers:
+            q.put_nowait(Deleted(f"{service}-abc"))
+
+    def requests_for(self, member: str | None) -> list[WriteRequest]:
+        return [w for w in self.writes if w.request.member == member]
+
+    # --- KubePort ---
+
+    async def get_pool(self, namespace: str, name: str) -> PoolStatus | None:
+        await asyncio.sleep(0)
+        self.reads += 1
+        return self.pools.get(name)
+
+    async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
+        await asyncio.sleep(0.001)  # let writers from several routers interleave
+        current = self.pools[pool]
+        if write.expected is not None:
+            if current.request is None or current.request.generation != write.expected.generation:
+                self.conflicts += 1
+                raise Conflict("test /status/request/generation failed")
+        elif current.resource_version != write.resource_version:
+            self.conflicts += 1
+            raise Conflict("test /metadata/resourceVersion failed")
+        self.writes.append(write)
+        return self.set_pool(pool, request=write.request, status_present=True)
+
+    async def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
+        q: asyncio.Queue[WatchEvent[PoolStatus]] = asyncio.Queue()
+        self._pool_watchers.append(q)
+        yield Listed(tuple(self.pools.values()))
+        while True:
+            yield await q.get()
+
+    async def watch_endpoint_slices(
+        self, namespace: str
+    ) -> AsyncIterator[WatchEvent[EndpointSlice]]:
+        q: asyncio.Queue[WatchEvent[EndpointSlice]] = asyncio.Queue()
+        self._slice_watchers.append(q)
+        yield Listed(tuple(self.slices.values()))
+        while True:
+            yield await q.get()
+
+    async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]:
+        await asyncio.sleep(0)
+        self.slice_lists += 1
+        return [s for s in self.slices.values() if s.service == service]
+
+
+def router_config(
+    *, budget: float = 5.0, max_held: int = 100, policy: str = "sticky"
+) -> RouterConfig:
+    def member(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "aliases": [],
+            "modelServer": name,
+            "service": name,
+            "port": 8080,
+            "pool": "heavy",
+            "url": None,
+        }
+
+    return parse_config(
+        {
+            "version": 1,
+            "router": {"namespace": NS, "name": "chat"},
+            "responseHeaderTimeoutSeconds": 1,
+            "maxHeldRequests": max_held,
+            "backends": [
+                member("coder"),
+                member("gemma"),
+                {
+                    "name": "external",
+                    "aliases": [],
+                    "modelServer": None,
+                    "service": None,
+                    "port": None,
+                    "pool": None,
+                    "url": "http://127.0.0.9:8000/",
+                },
+            ],
+            "pools": [
+                {
+                    "name": "heavy",
+                    "members": ["coder", "gemma"],
+                    "default": "coder",
+                    "swapPolicy": policy,
+                    "swapBudgetSeconds": budget,
+                    "maxWaitSeconds": 0.2,
+                    "minResidencySeconds": 0,
+                },
+            ],
+        }
+    )
+
+
+class Router:
+    """One router replica: an Activation running against the shared fake pools."""
+
+    def __init__(self, pools: FakeCluster, config: RouterConfig, name: str = "chat-a"):
+        self.registry = CollectorRegistry()
+        self.activation = Activation(
+            config, pools, RouterMetrics(self.registry, "chat"), identity=f"{NS}/chat/{name}"
+        )
+        self.config = config
+
+    def backend(self, name: str) -> Any:
+        b = self.config.backend(name)
+        assert b is not None
+        return b
+
+    async def call(self, backend: str) -> Target:
+        async with self.activation.acquire(self.backend(backend)) as target:
+            return target
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, {"router": "chat", **labels})
+        return 0.0 if value is None else value
+
+
+async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def pools() -> FakeCluster:
+    c = FakeCluster()
+    c.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 3, "reconciler"))
+    c.set_endpoints("coder", "127.0.1.3")
+    return c
+
+
+async def running(routers: list[Router], body: Callable[[], Awaitable[None]]) -> None:
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(r.activation.run()) for r in routers]
+        try:
+            await eventually(lambda: all(r.activation.ready() for r in routers))
+            await body()
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+async def test_url_backend_is_served_at_once(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+    assert router.activation.ready() is False  # no lists yet
+
+    async def body() -> None:
+        target = await router.call("external")
+        assert target == Target("http://127.0.0.9:8000", "external", None)
+
+    await running([router], body)
+
+
+async def test_same_model_requests_coalesce_onto_the_resident(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        targets = await asyncio.gather(*(router.call("coder") for _ in range(5)))
+        assert {t.base_url for t in targets} == {"http://127.0.1.3:8080"}
+        assert pools.writes == []
+        assert router.sample("modelpool_coalesced_total", pool="heavy", member="coder") == 5
+        assert router.activation.model_states() == {
+            "coder": "resident",
+            "gemma": "stopped",
+            "external": "ready",
+        }
+
+    await running([router], body)
+
+
+async def test_cross_model_requests_are_held_and_the_swap_requested_once(
+    pools: FakeCluster,
+) -> None:
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        held = [asyncio.create_task(router.call("gemma")) for _ in range(5)]
+        await eventually(lambda: len(pools.writes) == 1)
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 5
+        )
+        assert pools.writes[0].request == PoolRequest("gemma", 4, f"{NS}/chat/chat-a")
+        assert router.activation.model_states()["gemma"] == "loading"
+        # The resident keeps serving its own model meanwhile.
+        assert (await router.call("coder")).base_url == "http://127.0.1.3:8080"
+        # The reconciler swaps: resident changes, then the endpoint turns ready.
+        pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Loading"))
+        pools.set_pool("heavy", resident_member="gemma", swap=None)
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in held)  # resident without a ready endpoint: held
+        pools.set_endpoints("gemma", "127.0.1.4")
+        targets = await asyncio.gather(*held)
+        assert {t.base_url for t in targets} == {"http://127.0.1.4:8080"}
+        assert {t.pool for t in targets} == {"heavy"}
+        assert len(pools.writes) == 1
+        assert router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 0
+        assert (
+            router.sample("modelpool_hold_duration_seconds_count", pool="heavy", member="gemma")
+            == 5
+        )
+
+    await running([router], body)
+
+
+async def test_past_the_swap_budget_held_requests_get_503_and_the_request_is_withdrawn(
+    pools: FakeCluster,
+) -> None:
+    router = Router(pools, router_config(budget=0.3))
+
+    async def body() -> None:
+        started = time.monotonic()
+        with pytest.raises(ActivationError) as caught:
+            await router.call("gemma")
+        waited = time.monotonic() - started
+        assert 0.3 <= waited < 2.0
+        assert caught.value.code == "swap_budget_exceeded"
+        assert caught.value.status == 503
+        assert caught.value.retry_after is not None and caught.value.retry_after >= 1
+        await eventually(lambda: len(pools.requests_for(None)) == 1)
+        assert pools.pools["heavy"].request == PoolRequest(None, 5, f"{NS}/chat/chat-a")
+
+    await running([router], body)
+
+
+async def test_over_max_held_requests_a_request_fails_at_once(pools: FakeCluster) -> None:
+    router = Router(pools, router_config(max_held=2))
+
+    async def body() -> None:
+        held = [asyncio.create_task(router.call("gemma")) for _ in range(2)]
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 2
+        )
+        with pytest.raises(ActivationError) as caught:
+            await router.call("gemma")
+        assert caught.value.code == "too_many_held_requests"
+        assert caught.value.retry_after is not None
+        for t in held:
+            t.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+
+    await running([router], body)
+
+
+async def test_a_client_leaving_mid_load_does_not_abort_it(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        waiter = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: len(pools.writes) == 1)
+        pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Unloading"))
+        await asyncio.sleep(0.02)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await asyncio.sleep(0.05)
+        assert pools.requests_for(None) == []  # no withdrawal once unloading began
+        assert pools.pools["heavy"].request is not None
+        assert pools.pools["heavy"].request.member == "gemma"
+
+    await running([router], body)
+
+
+async def test_all_waiters_leaving_before_the_unload_withdraws(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        waiters = [asyncio.create_task(router.call("gemma")) for _ in range(3)]
+        await eventually(lambda: len(pools.writes) == 1)
+        pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Draining"))
+        for w in waiters[:2]:
+            w.cancel()
+        await asyncio.sleep(0.05)
+        assert pools.requests_for(None) == []  # one waiter is still there
+        waiters[2].cancel()
+        await eventually(lambda: len(pools.requests_for(None)) == 1)
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+    await running([router], body)
+
+
+async def test_a_request_arriving_during_the_withdrawal_survives_it(
+    pools: FakeCluster,
+) -> None:
+    """seeds/003 through the shell: the withdrawal is in flight when new demand arrives."""
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        first = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: len(pools.writes) == 1)
+        first.cancel()
+        await asyncio.sleep(0)  # the withdrawal is now being written
+        second = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: len(pools.writes) == 3)
+        assert [w.request.member for w in pools.writes] == ["gemma", None, "gemma"]
+        assert pools.pools["heavy"].request == PoolRequest("gemma", 6, f"{NS}/chat/chat-a")
+        pools.set_endpoints("gemma", "127.0.1.4")
+        pools.set_pool("heavy", resident_member="gemma")
+        assert (await second).base_url == "http://127.0.1.4:8080"
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    await running([router], body)
+
+
+async def test_an_abandoned_swap_fails_its_waiters_at_once(pools: FakeCluster) -> None:
+    router = Router(pools, router_config(budget=30))
+
+    async def body() -> None:
+        waiter = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: len(pools.writes) == 1)
+        started = time.monotonic()
+        pools.set_pool(
+            "heavy",
+            request=PoolRequest(None, 5, "reconciler"),
+            last_swap=LastSwap(
+                "coder",
+                "gemma",
+                4,
+                "Abandoned",
+                30.0,
+                "SwapBudgetExceeded",
+                "gemma not Ready within swapBudget",
+            ),
+        )
+        with pytest.raises(ActivationError) as caught:
+            await waiter
+        assert time.monotonic() - started < 1.0
+        assert caught.value.code == "swap_abandoned"
+        assert "abandoned" in caught.value.message
+
+    await running([router], body)
+
+
+async def test_a_connection_failure_re_verifies_residency_at_once(pools: FakeCluster) -> None:
+    router = Router(pools, router_config(budget=5))
+
+    async def body() -> None:
+        target = await router.call("coder")
+        reads, lists = pools.reads, pools.slice_lists
+        # The pod is gone out of band; its EndpointSlice has not caught up yet.
+        router.activation.report_connect_failure(target)
+        await eventually(lambda: pools.reads > reads and pools.slice_lists > lists)
+        waiter = asyncio.create_task(router.call("coder"))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # no dispatch to the address that just failed
+        assert router.activation.model_states()["coder"] == "loading"
+        pools.set_endpoints("coder", "127.0.1.3", ready=False)
+        pools.set_endpoints("coder", "127.0.1.8")  # the replacement pod is ready
+        assert (await waiter).base_url == "http://127.0.1.8:8080"
+
+    await running([router], body)
+
+
+async def test_three_routers_write_one_request_per_wanted_member(pools: FakeCluster) -> None:
+    routers = [Router(pools, router_config(), f"chat-{i}") for i in range(3)]
+
+    async def body() -> None:
+        held = [asyncio.create_task(r.call("gemma")) for r in routers for _ in range(4)]
+        await eventually(lambda: len(pools.writes) >= 1)
+        await asyncio.sleep(0.1)
+        assert len(pools.requests_for("gemma")) == 1
+        assert pools.conflicts >= 1 or len(pools.writes) == 1
+        pools.set_endpoints("gemma", "127.0.1.4")
+        pools.set_pool("heavy", resident_member="gemma")
+        assert len(await asyncio.gather(*held)) == 12
+        assert len(pools.writes) == 1
+
+    await running(routers, body)
+
+
+async def test_fair_policy_holds_new_requests_for_the_incumbent(pools: FakeCluster) -> None:
+    pools.set_pool("heavy", request=PoolRequest("gemma", 4, "demo/chat/chat-z"))
+    router = Router(pools, router_config(policy="fair"))  # maxWaitSeconds 0.2
+
+    async def body() -> None:
+        waiter = asyncio.create_task(router.call("gemma"))
+        await asyncio.sleep(0.01)
+        assert (await router.call("coder")).backend == "coder"  # before maxWait: admitted
+        await asyncio.sleep(0.25)
+        late = asyncio.create_task(router.call("coder"))
+        await asyncio.sleep(0.05)
+        assert not late.done()  # the incumbent drains
+        pools.set_endpoints("gemma", "127.0.1.4")
+        pools.set_pool("heavy", resident_member="gemma")
+        await waiter
+        await eventually(lambda: len(pools.requests_for("coder")) == 1)  # its turn next
+        late.cancel()
+        await asyncio.gather(late, return_exceptions=True)
+
+    await running([router], body)
+
+
+async def test_a_config_reload_keeps_held_requests(pools: FakeCluster) -> None:
+    router = Router(pools, router_config(budget=30))
+
+    async def body() -> None:
+        waiter = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: len(pools.writes) == 1)
+        router.activation.update_config(router_config(budget=20))
+        await asyncio.sleep(0.02)
+        assert not waiter.done()
+        pools.set_endpoints("gemma", "127.0.1.4")
+        pools.set_pool("heavy", resident_member="gemma")
+        assert (await waiter).backend == "gemma"
+
+    await running([router], body)
+
+
+async def test_shutdown_answers_every_held_request(pools: FakeCluster) -> None:
+    router = Router(pools, router_config(budget=30))
+
+    async def body() -> None:
+        held = [asyncio.create_task(router.call("gemma")) for _ in range(3)]
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 3
+        )
+        await router.activation.shutdown(retry_after=7.0)
+        results = await asyncio.gather(*held, return_exceptions=True)
+        assert [(e.code, e.retry_after) for e in results if isinstance(e, ActivationError)] == [
+            ("shutting_down", 7.0)
+        ] * 3
+        with pytest.raises(ActivationError) as caught:
+            await router.call("coder")
+        assert caught.value.code == "shutting_down"
+
+    await running([router], body)
+
+
+async def test_in_flight_requests_are_counted_until_they_end(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        async with router.activation.acquire(router.backend("coder")):
+            assert router.activation.inflight() == 1
+        assert router.activation.inflight() == 0
+        pools.delete_endpoints("coder")
+        await eventually(lambda: router.activation.model_states()["coder"] == "loading")
+
+    await running([router], body)
