@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Protocol, runtime_checkable
 
 import aiohttp
 from aiohttp import web
+
+from sidecar.activation import ActivationError
 
 # How much of an upstream's own words we echo back in a message.
 _MAX_ECHO = 200
@@ -41,16 +42,6 @@ class ProxyError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.kind = kind
-
-
-@runtime_checkable
-class ActivationRefusal(Protocol):
-    """What the activator's errors carry: their own status, code and retry hint."""
-
-    message: str
-    code: str
-    status: int
-    retry_after: float | None
 
 
 def bad_request(message: str, param: str | None = None) -> ProxyError:
@@ -89,7 +80,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
     """Map a library error raised while serving `backend` to what the client is told."""
     if isinstance(exc, ProxyError):
         return exc
-    if isinstance(exc, ActivationRefusal):
+    if isinstance(exc, ActivationError):
         return ProxyError(
             exc.status,
             exc.message,

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sidecar.activation import ActivationError
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.metrics import RouterMetrics
 
@@ -99,17 +100,6 @@ class UrlTarget:
     pool: str | None
 
 
-class Refused(Exception):
-    """Shaped as the activator's errors are: their own status, code and retry hint."""
-
-    def __init__(self, message: str, code: str, retry_after: float | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = 503
-        self.retry_after = retry_after
-
-
 REFUSED_BACKEND = "refused"
 
 
@@ -133,9 +123,13 @@ class StandInActivation:
     @asynccontextmanager
     async def acquire(self, backend: BackendConfig) -> AsyncIterator[UrlTarget]:
         if backend.name == REFUSED_BACKEND:
-            raise Refused("swap budget exceeded for the test", "swap_budget_exceeded", 2.3)
+            raise ActivationError(
+                "swap budget exceeded for the test", code="swap_budget_exceeded", retry_after=2.3
+            )
         if self._shutdown_retry is not None:
-            raise Refused("router is shutting down", "shutting_down", self._shutdown_retry)
+            raise ActivationError(
+                "router is shutting down", code="shutting_down", retry_after=self._shutdown_retry
+            )
         if backend.pool is not None:
             gauge = self.metrics.held(backend.pool, backend.name)
             self.held += 1
@@ -146,7 +140,11 @@ class StandInActivation:
                 self.held -= 1
                 gauge.dec()
             if self._shutdown_retry is not None:
-                raise Refused("router is shutting down", "shutting_down", self._shutdown_retry)
+                raise ActivationError(
+                    "router is shutting down",
+                    code="shutting_down",
+                    retry_after=self._shutdown_retry,
+                )
         assert backend.url is not None
         yield UrlTarget(backend.url, backend.name, backend.pool)
 

@@ -10,17 +10,13 @@ import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
 from sidecar import errors
+from sidecar.activation import ActivationError
 
 pytestmark = pytest.mark.unit
 
 
-class _Refusal(Exception):
-    def __init__(self, retry_after: float | None) -> None:
-        super().__init__("held too long")
-        self.message = "held too long"
-        self.code = "swap_budget_exceeded"
-        self.status = 503
-        self.retry_after = retry_after
+def _refusal(retry_after: float | None) -> ActivationError:
+    return ActivationError("held too long", code="swap_budget_exceeded", retry_after=retry_after)
 
 
 def _connector_error() -> aiohttp.ClientConnectorError:
@@ -43,7 +39,7 @@ def _connector_error() -> aiohttp.ClientConnectorError:
         (TimeoutError(), 504, "upstream_error", "upstream_timeout", "timeout"),
         (aiohttp.ServerDisconnectedError(), 502, "upstream_error", "upstream_failed", "disconnect"),
         (aiohttp.ClientPayloadError("cut"), 502, "upstream_error", "upstream_failed", "disconnect"),
-        (_Refusal(2.1), 503, "service_unavailable", "swap_budget_exceeded", None),
+        (_refusal(2.1), 503, "service_unavailable", "swap_budget_exceeded", None),
         (ValueError("bug"), 500, "server_error", "internal_error", None),
     ],
 )
@@ -74,7 +70,7 @@ def test_a_proxy_error_translates_to_itself() -> None:
 def test_retry_after_is_whole_seconds_rounded_up(
     retry_after: float | None, header: str | None
 ) -> None:
-    response = errors.error_response(errors.translate(_Refusal(retry_after), "coder"))
+    response = errors.error_response(errors.translate(_refusal(retry_after), "coder"))
     assert response.status == 503
     assert response.headers.get("Retry-After") == header
 

@@ -1,0 +1,161 @@
+"""Entry point of the router: `python -m sidecar` / `modelpool-router`.
+
+Builds the settings from flags and environment, then runs, under one TaskGroup, the API
+server, the metrics and health server, the config watcher and the activator. A part that
+stops unexpectedly takes the process down. SIGTERM stops accepting, answers held requests
+503 with `Retry-After`, lets in-flight ones finish within the grace period, and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from sidecar import activation, kube
+from sidecar.app import Activation, Live, make_app
+from sidecar.auth import ApiKeys, load_keys, parse_keys
+from sidecar.config import ConfigError, RouterConfig, load_config, parse_config
+from sidecar.health import make_health_app
+from sidecar.logs import setup_logging
+from sidecar.metrics import RouterMetrics
+from sidecar.reload import WatchedFile, watch
+from sidecar.settings import Settings, from_args
+
+logger = logging.getLogger("sidecar")
+
+ActivationFactory = Callable[[RouterConfig, RouterMetrics, Settings], Awaitable[Activation[Any]]]
+
+
+async def real_activation(
+    config: RouterConfig, metrics: RouterMetrics, settings: Settings
+) -> Activation[Any]:
+    client = None
+    if any(b.service is not None for b in config.backends):
+        client = await kube.connect(settings.kubeconfig)
+    identity = f"{config.namespace}/{config.name}/{settings.pod_name}"
+    return activation.Activation(config, client, metrics, identity=identity)
+
+
+def config_from_bytes(content: bytes) -> RouterConfig:
+    try:
+        raw = json.loads(content)
+    except ValueError as e:
+        raise ConfigError(f"router config is not JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError("router config must hold a JSON object")
+    return parse_config(raw)
+
+
+def keys_from_bytes(content: bytes) -> ApiKeys:
+    return parse_keys(content.decode())
+
+
+async def _supervised(name: str, work: Coroutine[Any, Any, None], stopping: asyncio.Event) -> None:
+    await work
+    if not stopping.is_set():
+        raise RuntimeError(f"{name} stopped unexpectedly")
+
+
+async def serve(settings: Settings, make_activation: ActivationFactory = real_activation) -> None:
+    config = load_config(settings.config_path)
+    keys = load_keys(settings.api_keys_file)
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry, config.name)
+    activation = await make_activation(config, metrics, settings)
+    live = Live(config, keys)
+    stopping = asyncio.Event()
+
+    def apply_config(new: RouterConfig) -> None:
+        live.apply_config(new)
+        activation.update_config(new)
+
+    def apply_keys(new: ApiKeys) -> None:
+        live.keys = new
+
+    watched: list[WatchedFile[Any]] = [
+        WatchedFile(settings.config_path, config_from_bytes, apply_config)
+    ]
+    if settings.api_keys_file is not None:
+        watched.append(WatchedFile(settings.api_keys_file, keys_from_bytes, apply_keys))
+    for w in watched:
+        w.prime(w.path.read_bytes())
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+
+    listen = settings.listen
+    api = web.AppRunner(
+        make_app(live, activation, metrics, connect_timeout=settings.connect_timeout_seconds),
+        access_log=None,
+        # A client that leaves cancels its handler: a held request gives up its place.
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_grace_seconds,
+    )
+    health = web.AppRunner(
+        make_health_app(registry, lambda: activation.ready() and not stopping.is_set()),
+        access_log=None,
+    )
+    try:
+        async with asyncio.TaskGroup() as tg:
+            background = [
+                tg.create_task(_supervised("activation", activation.run(), stopping)),
+                tg.create_task(
+                    _supervised(
+                        "config watcher",
+                        watch(watched, settings.reload_interval_seconds),
+                        stopping,
+                    )
+                ),
+            ]
+            await api.setup()
+            api_site = web.TCPSite(api, listen.host, listen.port)
+            await api_site.start()
+            await health.setup()
+            await web.TCPSite(health, listen.host, listen.metrics_port).start()
+            logger.info(
+                "router %s/%s serving on %s:%s, metrics on :%s",
+                config.namespace,
+                config.name,
+                listen.host,
+                listen.port,
+                listen.metrics_port,
+            )
+            await stopping.wait()
+
+            logger.info("shutting down: no new connections, answering held requests")
+            await api_site.stop()
+            await activation.shutdown(settings.shutdown_retry_after_seconds)
+            await api.cleanup()  # waits for in-flight requests up to the grace period
+            logger.info("in-flight requests done")
+            for task in background:
+                task.cancel()
+    finally:
+        await api.cleanup()
+        await health.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = from_args(sys.argv[1:] if argv is None else argv, os.environ)
+    setup_logging(settings.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as e:
+        logger.error("%s", e)
+        sys.exit(2)
+    except Exception:
+        logger.exception("router failed")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The router as a real process (`sidecar.__main__.serve` behind the stand-in
+activator): SIGTERM answers held requests 503 with Retry-After and lets in-flight
+streams finish; config reload keeps streams alive; /metrics over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.fake_model.harness import free_port
+from tests.functional.proxy_support import FakeUpstream, config_json, serve_app, url_backend
+from tests.functional.test_proxy import ROUTER_FAMILIES
+
+pytestmark = pytest.mark.functional
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+STANDIN = "tests.functional.standin_router"
+# The real entry point with the real Activation (url backends need no cluster).
+REAL = "sidecar"
+
+
+@dataclass
+class RouterProcess:
+    process: asyncio.subprocess.Process
+    url: str
+    metrics_url: str
+    config_path: Path
+    log_path: Path
+    upstream_url: str
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def _write_atomically(path: Path, raw: dict[str, Any] | str) -> None:
+    # As the kubelet does: a new file, then a rename over the old one.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(raw if isinstance(raw, str) else json.dumps(raw))
+    tmp.replace(path)
+
+
+def _config(upstream_url: str, *extra: dict[str, Any]) -> dict[str, Any]:
+    return config_json(
+        [
+            url_backend("alpha", upstream_url),
+            url_backend("held", upstream_url, pool="heavy"),
+            *extra,
+        ]
+    )
+
+
+async def _until(what: str, check: Any, limit: float = 20.0) -> None:
+    try:
+        async with asyncio.timeout(limit):
+            while True:
+                if await check():
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting until {what}")
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def router(
+    request: pytest.FixtureRequest, tmp_path: Path, http: aiohttp.ClientSession
+) -> AsyncIterator[RouterProcess]:
+    module = getattr(request, "param", STANDIN)
+    async with serve_app(FakeUpstream().app()) as upstream_url:
+        config_path = tmp_path / "config.json"
+        _write_atomically(config_path, _config(upstream_url))
+        port, metrics_port = free_port(HOST), free_port(HOST)
+        log_path = tmp_path / "router.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELPOOL_")}
+        env["MODELPOOL_BIND_HOST"] = HOST
+        with log_path.open("wb") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                module,
+                "--config",
+                str(config_path),
+                "--host",
+                "203.0.113.1",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--shutdown-grace",
+                "15",
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
+        proc = RouterProcess(
+            process,
+            f"http://{HOST}:{port}",
+            f"http://{HOST}:{metrics_port}",
+            config_path,
+            log_path,
+            upstream_url,
+        )
+
+        async def healthy() -> bool:
+            assert process.returncode is None, proc.log()
+            try:
+                async with http.get(proc.metrics_url + "/readyz") as resp:
+                    return resp.status == 200
+            except aiohttp.ClientConnectionError:
+                return False
+
+        try:
+            await _until("the router serves", healthy)
+            yield proc
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def _metric(
+    http: aiohttp.ClientSession, router: RouterProcess, name: str, **labels: str
+) -> float:
+    async with http.get(router.metrics_url + "/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+async def _read_stream(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], first: asyncio.Event
+) -> tuple[int, list[bytes]]:
+    chunks: list[bytes] = []
+    async with http.post(url + "/v1/chat/completions", json=body) as resp:
+        async for chunk, _ in resp.content.iter_chunks():
+            chunks.append(chunk)
+            first.set()
+        return resp.status, chunks
+
+
+def _events(chunks: list[bytes]) -> list[str]:
+    return [e for e in b"".join(chunks).decode().split("\n\n") if e]
+
+
+async def test_sigterm_answers_held_with_503_and_finishes_in_flight(
+    router: RouterProcess, http: aiohttp.ClientSession
+) -> None:
+    streaming = asyncio.Event()
+    stream = asyncio.create_task(
+        _read_stream(
+            http,
+            router.url,
+            {"model": "alpha", "stream": True, "x_chunks": 15, "x_interval": 0.1},
+            streaming,
+        )
+    )
+    held = asyncio.create_task(
+        http.post(router.url + "/v1/chat/completions", json={"model": "held"})
+    )
+    await streaming.wait()
+
+    async def is_held() -> bool:
+        return await _metric(http, router, "modelpool_held_requests", member="held") == 1
+
+    await _until("a request is held", is_held)
+    router.process.send_signal(signal.SIGTERM)
+
+    async with asyncio.timeout(10):
+        held_response = await held
+    assert held_response.status == 503
+    assert held_response.headers["Retry-After"] == "1"
+    assert (await held_response.json())["error"]["code"] == "shutting_down"
+    assert not stream.done(), "the held request must be answered while the stream still runs"
+
+    # No new connections once shutting down.
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as fresh:
+            await fresh.post(router.url + "/v1/chat/completions", json={"model": "alpha"})
+
+    status, chunks = await stream
+    assert status == 200
+    events = _events(chunks)
+    assert len(events) == 16 and events[-1] == "data: [DONE]"
+    assert await asyncio.wait_for(router.process.wait(), 20) == 0, router.log()
+
+
+async def test_config_reload_keeps_in_flight_stream_and_rejects_bad_config(
+    router: RouterProcess, http: aiohttp.ClientSession
+) -> None:
+    streaming = asyncio.Event()
+    stream = asyncio.create_task(
+        _read_stream(
+            http,
+            router.url,
+            {"model": "alpha", "stream": True, "x_chunks": 20, "x_interval": 0.1},
+            streaming,
+        )
+    )
+    await streaming.wait()
+    _write_atomically(
+        router.config_path, _config(router.upstream_url, url_backend("gamma", router.upstream_url))
+    )
+
+    async def gamma_listed() -> bool:
+        async with http.get(router.url + "/v1/models") as resp:
+            return "gamma" in {m["id"] for m in (await resp.json())["data"]}
+
+    await _until("the new config is live", gamma_listed)
+    assert not stream.done(), "the reload must happen while the stream runs"
+    async with http.post(router.url + "/v1/completions", json={"model": "gamma"}) as resp:
+        assert resp.status == 200
+
+    # A broken config keeps the current one.
+    _write_atomically(router.config_path, '{"router": ')
+
+    async def error_logged() -> bool:
+        return "keeping the previous" in router.log()
+
+    await _until("the bad config is reported", error_logged)
+    async with http.post(router.url + "/v1/completions", json={"model": "gamma"}) as resp:
+        assert resp.status == 200
+
+    status, chunks = await stream
+    assert status == 200
+    assert len(_events(chunks)) == 21
+
+
+@pytest.mark.parametrize("router", [REAL, STANDIN], indirect=True)
+async def test_metrics_over_http_have_every_family_and_binds_to_bind_host(
+    router: RouterProcess, http: aiohttp.ClientSession
+) -> None:
+    # --host said 203.0.113.1: MODELPOOL_BIND_HOST won, or the fixture could not connect.
+    async with http.post(router.url + "/v1/chat/completions", json={"model": "alpha"}) as resp:
+        assert resp.status == 200
+    async with http.post(router.url + "/v1/chat/completions", json={"model": "zzz"}) as resp:
+        assert resp.status == 404
+    async with http.get(router.metrics_url + "/metrics") as resp:
+        families = {f.name for f in text_string_to_metric_families(await resp.text())}
+    assert families >= ROUTER_FAMILIES
+    assert await _metric(http, router, "modelpool_requests_total", model="alpha", code="200") == 1
+    assert await _metric(http, router, "modelpool_requests_total", model="unknown", code="404") == 1
+    lines = [json.loads(line) for line in router.log().splitlines() if line.strip()]
+    assert any("serving on" in entry["message"] for entry in lines), "logs are JSON lines"
+    router.process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(router.process.wait(), 20) == 0, router.log()
