@@ -1,0 +1,279 @@
+"""The router's Kubernetes adapter (sidecar.kube) against the real API server.
+
+The compare-and-swap of `status.request` (docs/contracts.md section 2) is what makes
+several router replicas safe, so it is proven here for real: writers racing from the same
+read, exactly one wins per generation, and a stale withdrawal never undoes a newer
+request. Watches of ModelPools and EndpointSlices are checked end to end, and three
+activators share one pool through the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import kr8s.asyncio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from e2e.local.fixtures import Kubectl
+from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
+from sidecar.activator import PoolRequest, PoolStatus, WriteRequest
+from sidecar.config import RouterConfig, parse_config
+from sidecar.kube import KubeClient
+from sidecar.metrics import RouterMetrics
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "manifests" / "crds" / "modelpool.dev_modelpools.yaml"
+
+
+@pytest.fixture
+def pool(kubectl: Kubectl, namespace: str) -> str:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/modelpools.modelpool.dev", "--timeout=60s")
+    manifest = {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "heavy", "namespace": namespace},
+        "spec": {"members": [{"name": "coder"}, {"name": "gemma"}], "default": "coder"},
+    }
+    kubectl("create", "-f", "-", input=json.dumps(manifest))
+    return "heavy"
+
+
+@pytest.fixture
+def client(api: kr8s.asyncio.Api) -> KubeClient:
+    return KubeClient(api)
+
+
+async def race(
+    client: KubeClient, namespace: str, pool: str, writes: list[WriteRequest]
+) -> tuple[list[PoolStatus], int]:
+    """Send every write at once; return the winners and the number of conflicts."""
+    results = await asyncio.gather(
+        *(client.write_request(namespace, pool, w) for w in writes), return_exceptions=True
+    )
+    unexpected = [
+        r for r in results if isinstance(r, BaseException) and not isinstance(r, Conflict)
+    ]
+    assert unexpected == []
+    return [r for r in results if isinstance(r, PoolStatus)], sum(
+        isinstance(r, Conflict) for r in results
+    )
+
+
+def ask(member: str | None, read: PoolStatus, by: str) -> WriteRequest:
+    current = read.request
+    generation = (current.generation if current is not None else 0) + 1
+    return WriteRequest(
+        PoolRequest(member, generation, by), current, read.resource_version, read.status_present
+    )
+
+
+async def test_racing_writers_exactly_one_wins_per_generation(
+    client: KubeClient, namespace: str, pool: str
+) -> None:
+    read = await client.get_pool(namespace, pool)
+    assert read is not None and read.request is None
+    for generation in range(1, 6):
+        winners, conflicts = await race(
+            client,
+            namespace,
+            pool,
+            [ask(m, read, f"{namespace}/chat/{m}-{generation}") for m in ("coder", "gemma", "phi")],
+        )
+        assert len(winners) == 1 and conflicts == 2
+        request = winners[0].request
+        assert request is not None and request.generation == generation
+        read = await client.get_pool(namespace, pool)
+        assert read is not None and read.request == request
+
+
+async def test_a_stale_withdrawal_never_undoes_a_newer_request(
+    client: KubeClient, namespace: str, pool: str
+) -> None:
+    read = await client.get_pool(namespace, pool)
+    assert read is not None
+    asked = await client.write_request(namespace, pool, ask("gemma", read, "ns/chat/a"))
+    # Router a withdraws from what it read; router b asks for gemma again from the same read.
+    withdrawal = ask(None, asked, "ns/chat/a")
+    await client.write_request(namespace, pool, ask("gemma", asked, "ns/chat/b"))
+    with pytest.raises(Conflict):
+        await client.write_request(namespace, pool, withdrawal)
+    now = await client.get_pool(namespace, pool)
+    assert now is not None and now.request == PoolRequest("gemma", 2, "ns/chat/b")
+
+
+async def test_the_first_request_into_an_existing_status(
+    api: kr8s.asyncio.Api, client: KubeClient, namespace: str, pool: str
+) -> None:
+    stale = await client.get_pool(namespace, pool)
+    assert stale is not None and stale.status_present is False
+    # The reconciler writes a status without a request; a write from the old read loses.
+    async with api.call_api(
+        "PATCH",
+        version="modelpool.dev/v1alpha1",
+        namespace=namespace,
+        url=f"modelpools/{pool}/status",
+        content=json.dumps({"status": {"phase": "Cold", "residentMember": None}}),
+        headers={"Content-Type": "application/merge-patch+json"},
+    ):
+        pass
+    with pytest.raises(Conflict):
+        await client.write_request(namespace, pool, ask("coder", stale, "ns/chat/a"))
+    read = await client.get_pool(namespace, pool)
+    assert read is not None and read.status_present and read.request is None
+    written = await client.write_request(namespace, pool, ask("coder", read, "ns/chat/a"))
+    assert written.request == PoolRequest("coder", 1, "ns/chat/a")
+
+
+async def next_event(events: AsyncIterator[WatchEvent[Any]], within: float = 30.0) -> Any:
+    async with asyncio.timeout(within):
+        return await anext(events)
+
+
+async def test_watches_list_then_follow_changes(
+    client: KubeClient, kubectl: Kubectl, namespace: str, pool: str
+) -> None:
+    pools = client.watch_pools(namespace)
+    listed = await next_event(pools)
+    assert isinstance(listed, Listed) and [p.name for p in listed.items] == [pool]
+    read = listed.items[0]
+    await client.write_request(namespace, pool, ask("gemma", read, "ns/chat/a"))
+    changed = await next_event(pools)
+    assert isinstance(changed, Changed) and changed.item.request is not None
+    assert changed.item.request.member == "gemma"
+    await pools.aclose()  # type: ignore[attr-defined]
+
+    slices = client.watch_endpoint_slices(namespace)
+    assert await next_event(slices) == Listed(())
+    kubectl("create", "-f", "-", input=json.dumps(endpoint_slice(namespace, "gemma")))
+    event = await next_event(slices)
+    assert isinstance(event, Changed)
+    assert event.item.service == "gemma" and event.item.port == 8080
+    assert [(e.address, e.ready) for e in event.item.endpoints] == [
+        ("127.0.1.4", True),
+        ("127.0.1.5", False),
+    ]
+    await slices.aclose()  # type: ignore[attr-defined]
+    listed_slices = await client.list_endpoint_slices(namespace, "gemma")
+    assert [s.name for s in listed_slices] == ["gemma-abc"]
+    assert await client.list_endpoint_slices(namespace, "coder") == []
+
+
+def endpoint_slice(namespace: str, service: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{service}-abc",
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8080}],
+        "endpoints": [
+            {"addresses": ["127.0.1.4"], "conditions": {"ready": True}},
+            {"addresses": ["127.0.1.5"], "conditions": {"ready": False}},
+        ],
+    }
+
+
+def router_config(namespace: str) -> RouterConfig:
+    def member(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "modelServer": name,
+            "service": name,
+            "port": 8080,
+            "pool": "heavy",
+            "url": None,
+        }
+
+    return parse_config(
+        {
+            "router": {"namespace": namespace, "name": "chat"},
+            "responseHeaderTimeoutSeconds": 5,
+            "maxHeldRequests": 100,
+            "backends": [member("coder"), member("gemma")],
+            "pools": [
+                {
+                    "name": "heavy",
+                    "members": ["coder", "gemma"],
+                    "swapBudgetSeconds": 60,
+                }
+            ],
+        }
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_three_routers_ask_for_a_member_once(
+    client: KubeClient, kubectl: Kubectl, namespace: str, pool: str
+) -> None:
+    config = router_config(namespace)
+    routers = [
+        Activation(
+            config,
+            client,
+            RouterMetrics(CollectorRegistry(), "chat"),
+            identity=f"{namespace}/chat/chat-{i}",
+        )
+        for i in range(3)
+    ]
+    gemma = config.backend("gemma")
+    assert gemma is not None
+
+    async def call(router: Activation) -> str:
+        async with router.acquire(gemma) as target:
+            return target.base_url
+
+    async def generation() -> int | None:
+        read = await client.get_pool(namespace, pool)
+        assert read is not None
+        return None if read.request is None else read.request.generation
+
+    async def all_ready() -> bool:
+        return all(r.ready() for r in routers)
+
+    async def asked_once() -> bool:
+        return await generation() == 1
+
+    async with asyncio.TaskGroup() as tg:
+        runs = [tg.create_task(r.run()) for r in routers]
+        try:
+            await eventually(all_ready)
+            held = [tg.create_task(call(r)) for r in routers for _ in range(3)]
+            await eventually(asked_once)
+            await asyncio.sleep(1.0)  # time for any duplicate write to land
+            assert await generation() == 1
+            # Play the reconciler: gemma becomes resident and its endpoint ready.
+            async with client._api.call_api(
+                "PATCH",
+                version="modelpool.dev/v1alpha1",
+                namespace=namespace,
+                url=f"modelpools/{pool}/status",
+                content=json.dumps({"status": {"residentMember": "gemma"}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            ):
+                pass
+            kubectl("create", "-f", "-", input=json.dumps(endpoint_slice(namespace, "gemma")))
+            async with asyncio.timeout(30):
+                urls = await asyncio.gather(*held)
+            assert set(urls) == {"http://127.0.1.4:8080"}
+            assert await generation() == 1
+        finally:
+            for t in runs:
+                t.cancel()
