@@ -1,0 +1,466 @@
+"""What the templates render: golden files of each template's output, and the properties
+that matter whatever the golden files say (restricted pods, the router's exact rights,
+owner references, the config hash, Recreate for GPU servers).
+
+Regenerate the golden files with MODELPOOL_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reconciler.render import (
+    ROUTER_KINDS,
+    SERVER_KINDS,
+    Renderer,
+    RenderError,
+    router_needs_rbac,
+)
+from reconciler.spec import ModelPoolSpec
+from tests.unit.render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
+
+pytestmark = pytest.mark.unit
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("MODELPOOL_UPDATE_GOLDEN") == "1"
+ROOT = Path(__file__).resolve().parents[2]
+
+RENDERER = Renderer()
+
+CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
+    "server-llamacpp-member": lambda: RENDERER.model_server(
+        GEMMA, replicas=0, owner_uid="uid-gemma", pool="gpu0"
+    ),
+    "server-vllm-member": lambda: RENDERER.model_server(
+        QWEN, replicas=1, owner_uid="uid-qwen", pool="gpu0"
+    ),
+    "server-generic-standalone": lambda: RENDERER.model_server(
+        EMBED, replicas=2, owner_uid=None
+    ),
+    "router-pooled": lambda: RENDERER.router(
+        CHAT, servers=SERVERS, pools=[POOL], owner_uid="uid-chat"
+    ),
+    "router-urls": lambda: RENDERER.router(EDGE, servers={}, pools=[], owner_uid=None),
+}
+
+
+def _dump(objects: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case: str) -> None:
+    rendered = CASES[case]()
+    path = GOLDEN / f"{case}.yaml"
+    if UPDATE:
+        path.write_text(_dump(rendered))
+    assert path.exists(), f"no golden file {path.name}: run with MODELPOOL_UPDATE_GOLDEN=1"
+    expected = list(yaml.safe_load_all(path.read_text()))
+    assert _dump(rendered) == _dump(expected), f"{path.name} differs; review and regenerate"
+
+
+def test_golden_files_have_cases() -> None:
+    assert {p.stem for p in GOLDEN.glob("*.yaml")} == set(CASES)
+
+
+def _all_rendered() -> list[dict[str, Any]]:
+    return [obj for make in CASES.values() for obj in make()]
+
+
+def _by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = _by_kind(objects, kind)
+    assert len(found) == 1, f"{len(found)} {kind}s"
+    return found[0]
+
+
+def test_server_kinds_and_names() -> None:
+    objects = RENDERER.model_server(GEMMA, replicas=1, owner_uid=None)
+    assert [(o["apiVersion"], o["kind"]) for o in objects] == list(SERVER_KINDS)
+    assert {o["metadata"]["name"] for o in objects} == {"gemma"}
+    assert {o["metadata"]["namespace"] for o in objects} == {"demo"}
+
+
+@pytest.mark.parametrize("replicas", [0, 1, 3])
+def test_server_replicas_come_from_the_caller(replicas: int) -> None:
+    deploy = _one(RENDERER.model_server(EMBED, replicas=replicas, owner_uid=None), "Deployment")
+    assert deploy["spec"]["replicas"] == replicas
+
+
+def test_negative_replicas_refused() -> None:
+    with pytest.raises(RenderError, match="gemma"):
+        RENDERER.model_server(GEMMA, replicas=-1, owner_uid=None)
+
+
+def test_runtime_commands_and_probes() -> None:
+    def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+        c: dict[str, Any] = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return c
+
+    llama = container(RENDERER.model_server(GEMMA, replicas=1, owner_uid=None))
+    assert llama["command"] == ["/app/llama-server"]
+    assert llama["args"] == [
+        "--model", "/models/gemma-3-4b-it-Q4_K_M.gguf", "--host", "0.0.0.0", "--port", "8080",
+        "--alias", "gemma", "--ctx-size", "8192",
+    ]
+    assert llama["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+    vllm = container(RENDERER.model_server(QWEN, replicas=1, owner_uid=None))
+    assert "command" not in vllm
+    assert vllm["args"] == [
+        "--model", "/weights/Qwen2.5-1.5B-Instruct", "--port", "8000",
+        "--served-model-name", "qwen", "--max-model-len", "8192",
+    ]
+    assert vllm["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+    generic = container(RENDERER.model_server(EMBED, replicas=1, owner_uid=None))
+    assert "command" not in generic
+    assert generic["args"] == ["serve", "--listen", ":9000"]
+    assert generic["readinessProbe"]["tcpSocket"] == {"port": "http"}
+    assert generic["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
+
+
+def test_readiness_path_overrides_the_runtime_default() -> None:
+    spec = body("ModelServer", "g", {"runtime": "generic", "image": "i", "readinessPath": "/ok"})
+    from reconciler.spec import ModelServerSpec
+
+    objects = RENDERER.model_server(ModelServerSpec.from_body(spec), replicas=1, owner_uid=None)
+    probe = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert probe["readinessProbe"]["httpGet"]["path"] == "/ok"
+
+
+def test_gpu_requests_equal_limits() -> None:
+    deploy = _one(RENDERER.model_server(QWEN, replicas=1, owner_uid=None), "Deployment")
+    resources = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "4", "memory": "16Gi", "amd.com/gpu": "2"}
+    assert resources["limits"] == {"memory": "16Gi", "amd.com/gpu": "2"}
+    cpu_only = _one(RENDERER.model_server(EMBED, replicas=1, owner_uid=None), "Deployment")
+    assert cpu_only["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "2"}
+    }
+
+
+def test_gpu_servers_are_recreated_never_surged() -> None:
+    for ms in (GEMMA, QWEN, EMBED):
+        deploy = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
+        assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+        assert deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+
+
+def test_pool_label_is_not_in_the_selector() -> None:
+    objects = RENDERER.model_server(GEMMA, replicas=0, owner_uid=None, pool="gpu0")
+    deploy, service = _one(objects, "Deployment"), _one(objects, "Service")
+    assert deploy["spec"]["selector"]["matchLabels"] == {"modelpool.dev/model-server": "gemma"}
+    assert service["spec"]["selector"] == {"modelpool.dev/model-server": "gemma"}
+    assert deploy["spec"]["template"]["metadata"]["labels"]["modelpool.dev/pool"] == "gpu0"
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/part-of"] == "modelpool"
+        assert labels["modelpool.dev/pool"] == "gpu0"
+    standalone = RENDERER.model_server(GEMMA, replicas=0, owner_uid=None)
+    assert "modelpool.dev/pool" not in _one(standalone, "Deployment")["metadata"]["labels"]
+
+
+def test_service_port_is_named_http() -> None:
+    service = _one(RENDERER.model_server(QWEN, replicas=1, owner_uid=None), "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_storage_mounts() -> None:
+    pvc = _one(RENDERER.model_server(QWEN, replicas=1, owner_uid=None), "Deployment")
+    pod = pvc["spec"]["template"]["spec"]
+    claim = {"claimName": "weights", "readOnly": True}
+    assert {"name": "models", "persistentVolumeClaim": claim} in pod["volumes"]
+    mount = {"name": "models", "mountPath": "/weights", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"]
+    host = _one(RENDERER.model_server(GEMMA, replicas=1, owner_uid=None), "Deployment")
+    assert host["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "models", "hostPath": {"path": "/var/lib/modelpool/models"}}
+    ]
+
+
+# --- owner references -------------------------------------------------------------------
+
+
+def test_owner_references_when_a_uid_is_given() -> None:
+    for obj in RENDERER.model_server(GEMMA, replicas=1, owner_uid="uid-gemma"):
+        assert obj["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "modelpool.dev/v1alpha1",
+                "kind": "ModelServer",
+                "name": "gemma",
+                "uid": "uid-gemma",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    for obj in RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid="uid-chat"):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"]) == ("ModelRouter", "chat", "uid-chat")
+
+
+def test_no_owner_references_without_a_uid() -> None:
+    objects = [
+        *RENDERER.model_server(GEMMA, replicas=1, owner_uid=None),
+        *RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None),
+    ]
+    assert all("ownerReferences" not in o["metadata"] for o in objects)
+
+
+# --- the restricted Pod Security level --------------------------------------------------
+
+_RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+}
+
+
+def _assert_restricted(pod: dict[str, Any], where: str) -> None:
+    sc = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key), f"{where}: {key}"
+    assert sc.get("runAsUser", 1) != 0, where
+    for vol in pod.get("volumes", []):
+        kinds = set(vol) - {"name"}
+        assert kinds <= _RESTRICTED_VOLUMES, f"{where}: volume {vol['name']} is {kinds}"
+    for c in pod["containers"] + pod.get("initContainers", []):
+        csc = c.get("securityContext", {})
+        at = f"{where}/{c['name']}"
+        assert csc.get("allowPrivilegeEscalation") is False, at
+        assert csc.get("capabilities", {}).get("drop") == ["ALL"], at
+        assert set(csc.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}, at
+        assert not csc.get("privileged"), at
+        assert csc.get("runAsNonRoot", sc.get("runAsNonRoot")) is True, at
+        assert csc.get("runAsUser", sc.get("runAsUser", 1)) != 0, at
+        seccomp = csc.get("seccompProfile", sc.get("seccompProfile", {}))
+        assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), at
+        for port in c.get("ports", []):
+            assert "hostPort" not in port, at
+
+
+def test_rendered_pods_pass_the_restricted_level() -> None:
+    # GEMMA's hostPath volume is the one thing the restricted level forbids (an operator's
+    # choice, documented on spec.storage.hostPath); every other rendered pod passes.
+    objects = [
+        *RENDERER.model_server(QWEN, replicas=1, owner_uid=None),
+        *RENDERER.model_server(EMBED, replicas=1, owner_uid=None),
+        *RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None),
+        *RENDERER.router(EDGE, servers={}, pools=[], owner_uid=None),
+    ]
+    deployments = _by_kind(objects, "Deployment")
+    assert len(deployments) == 4
+    for deploy in deployments:
+        _assert_restricted(deploy["spec"]["template"]["spec"], deploy["metadata"]["name"])
+
+
+def test_the_restricted_check_catches_a_hostpath() -> None:
+    deploy = _one(RENDERER.model_server(GEMMA, replicas=1, owner_uid=None), "Deployment")
+    with pytest.raises(AssertionError, match="hostPath"):
+        _assert_restricted(deploy["spec"]["template"]["spec"], "gemma")
+
+
+# --- the router ---------------------------------------------------------------------------
+
+ROUTER_RIGHTS = {
+    ("modelpool.dev", "modelservers", "get"),
+    ("modelpool.dev", "modelservers", "list"),
+    ("modelpool.dev", "modelservers", "watch"),
+    ("modelpool.dev", "modelpools", "get"),
+    ("modelpool.dev", "modelpools", "list"),
+    ("modelpool.dev", "modelpools", "watch"),
+    ("modelpool.dev", "modelrouters", "get"),
+    ("modelpool.dev", "modelrouters", "list"),
+    ("modelpool.dev", "modelrouters", "watch"),
+    ("discovery.k8s.io", "endpointslices", "get"),
+    ("discovery.k8s.io", "endpointslices", "list"),
+    ("discovery.k8s.io", "endpointslices", "watch"),
+    ("modelpool.dev", "modelpools/status", "patch"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+}
+
+
+def _rights(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in rules:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((group, resource, verb))
+    return out
+
+
+def test_router_role_grants_exactly_the_design_rights() -> None:
+    objects = RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None)
+    role = _one(objects, "Role")
+    assert _rights(role["rules"]) == ROUTER_RIGHTS
+    assert not any("*" in r for rule in role["rules"] for r in rule["verbs"] + rule["resources"])
+
+
+def test_reconciler_holds_every_right_it_grants_the_router() -> None:
+    # RBAC refuses to let the reconciler create a Role granting more than it holds.
+    docs = yaml.safe_load_all((ROOT / "manifests" / "clusterrole.yaml").read_text())
+    (cluster_role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
+    assert ROUTER_RIGHTS - _rights(cluster_role["rules"]) == set()
+
+
+def test_router_objects_and_binding() -> None:
+    objects = RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None)
+    assert sorted((o["apiVersion"], o["kind"]) for o in objects) == sorted(ROUTER_KINDS)
+    names = {o["kind"]: o["metadata"]["name"] for o in objects}
+    assert names == {
+        "ServiceAccount": "chat-router", "Role": "chat-router", "RoleBinding": "chat-router",
+        "ConfigMap": "chat-config", "Deployment": "chat-router", "Service": "chat-router",
+    }
+    binding = _one(objects, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "chat-router"
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "chat-router", "namespace": "demo"}
+    ]
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "chat-router"
+
+
+def test_router_of_urls_gets_no_rbac_and_no_token() -> None:
+    assert not router_needs_rbac(EDGE)
+    assert router_needs_rbac(CHAT)
+    objects = RENDERER.router(EDGE, servers={}, pools=[], owner_uid=None)
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Service"]
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in pod
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_router_deployment() -> None:
+    objects = RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None)
+    deploy = _one(objects, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["selector"]["matchLabels"] == {"modelpool.dev/router": "chat"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "edge"}
+    (c,) = pod["containers"]
+    assert c["name"] == "router"
+    assert c["image"] == "modelpool/router:0.1.0"
+    assert c["args"] == ["--config", "/etc/modelpool/router/config.json"]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert c["volumeMounts"] == [
+        {"name": "config", "mountPath": "/etc/modelpool/router", "readOnly": True}
+    ]
+    assert pod["volumes"] == [{"name": "config", "configMap": {"name": "chat-config"}}]
+    service = _one(objects, "Service")
+    assert service["spec"]["selector"] == {"modelpool.dev/router": "chat"}
+    assert service["spec"]["ports"][0] == {
+        "name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"
+    }
+
+
+def _config_and_hash(pools: list[ModelPoolSpec]) -> tuple[str, str]:
+    objects = RENDERER.router(CHAT, servers=SERVERS, pools=pools, owner_uid=None)
+    text: str = _one(objects, "ConfigMap")["data"]["config.json"]
+    annotations = _one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    return text, annotations["modelpool.dev/config-hash"]
+
+
+def test_config_hash_is_the_sha256_of_the_config() -> None:
+    text, digest = _config_and_hash([POOL])
+    assert digest == hashlib.sha256(text.encode()).hexdigest()
+    assert json.loads(text)["router"] == {"namespace": "demo", "name": "chat"}
+
+
+def test_config_hash_follows_the_pools() -> None:
+    changed = ModelPoolSpec.from_body(
+        body("ModelPool", "gpu0", {"members": [{"name": "gemma"}, {"name": "qwen"}],
+                                   "swapBudget": "10m"})
+    )
+    first, second = _config_and_hash([POOL]), _config_and_hash([changed])
+    assert first[1] != second[1]
+    again = _config_and_hash([POOL])
+    assert again == first  # stable: same input, same text
+
+
+def test_missing_model_server_names_it() -> None:
+    with pytest.raises(RenderError, match="ModelServer qwen"):
+        RENDERER.router(CHAT, servers={"gemma": GEMMA, "embed": EMBED}, pools=[POOL],
+                        owner_uid=None)
+
+
+def test_member_of_two_pools_names_them() -> None:
+    other = ModelPoolSpec.from_body(body("ModelPool", "gpu1", {"members": [{"name": "qwen"}]}))
+    with pytest.raises(RenderError, match="qwen is a member of more than one pool: gpu0, gpu1"):
+        RENDERER.router(CHAT, servers=SERVERS, pools=[other, POOL], owner_uid=None)
+
+
+# --- the environment ------------------------------------------------------------------------
+
+
+def test_templates_are_found_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert Renderer().templates_dir == ROOT / "templates"
+    assert Renderer().model_server(GEMMA, replicas=1, owner_uid=None)
+
+
+def test_templates_dir_can_be_overridden(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "templates", tmp_path / "t")
+    service = tmp_path / "t" / "model-server" / "service.yaml.j2"
+    service.write_text(service.read_text().replace("type: ClusterIP", "type: NodePort"))
+    objects = Renderer(tmp_path / "t").model_server(GEMMA, replicas=1, owner_uid=None)
+    assert _one(objects, "Service")["spec"]["type"] == "NodePort"
+
+
+def test_undefined_template_variables_fail(tmp_path: Path) -> None:
+    import jinja2
+
+    shutil.copytree(ROOT / "templates", tmp_path / "t")
+    service = tmp_path / "t" / "model-server" / "service.yaml.j2"
+    service.write_text(service.read_text() + "  clusterIP: {{ no_such_value }}\n")
+    renderer = Renderer(tmp_path / "t")
+    with pytest.raises(jinja2.UndefinedError, match="no_such_value"):
+        renderer.model_server(GEMMA, replicas=1, owner_uid=None)
+
+
+def test_values_cannot_break_the_yaml() -> None:
+    tricky = body(
+        "ModelServer",
+        "tricky",
+        {
+            "runtime": "generic",
+            "image": "i",
+            "args": ["a: b", "- c", "{d}", "'e'", '"f"', "g\nh", "#i", "yes", "1.0", "null"],
+            "env": [{"name": "X", "value": "${Y} *z &w"}],
+        },
+    )
+    from reconciler.spec import ModelServerSpec
+
+    objects = RENDERER.model_server(ModelServerSpec.from_body(tricky), replicas=1, owner_uid=None)
+    c = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"] == ["a: b", "- c", "{d}", "'e'", '"f"', "g\nh", "#i", "yes", "1.0", "null"]
+    assert c["env"] == [{"name": "X", "value": "${Y} *z &w"}]
