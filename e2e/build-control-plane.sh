@@ -3,6 +3,11 @@
 # kube-scheduler) from the Go module proxy into a cache outside the repository,
 # keyed by version. A warm cache rebuilds nothing.
 #
+# One deliberate change to upstream: the testbed runs pods on loopback addresses
+# (127.0.x.y), which EndpointSlice validation rejects, so kube-apiserver is built from a
+# copy of k8s.io/kubernetes whose EndpointSlice validation accepts loopback addresses
+# (see patch_endpointslice_validation below). Nothing else differs from the release.
+#
 #   e2e/build-control-plane.sh            # build (or reuse) and print the bin dir
 #
 # Environment:
@@ -21,9 +26,17 @@ export CGO_ENABLED=0 GOFLAGS="-mod=mod" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 log() { printf '[control-plane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# Bump when the patch changes: a kube-apiserver without the matching marker is rebuilt.
+PATCH_ID="loopback-endpointslices-1"
+PATCH_MARKER="$BIN/kube-apiserver.patch"
+
 want=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 missing=()
 for b in "${want[@]}"; do [[ -x "$BIN/$b" ]] || missing+=("$b"); done
+if [[ -x "$BIN/kube-apiserver" && "$(cat "$PATCH_MARKER" 2>/dev/null)" != "$PATCH_ID" ]]; then
+  rm -f "$BIN/kube-apiserver"
+  missing+=(kube-apiserver)
+fi
 if [[ ${#missing[@]} -eq 0 ]]; then
   log "cache warm: $BIN"
   echo "$BIN"
@@ -105,10 +118,67 @@ GO
     [[ -x "$BIN/$b" ]] && { log "$b: cached"; continue; }
     log "$b: compiling (the first build takes several minutes on 2 cores)"
     local start=$SECONDS
-    (cd "$dir" && go build -trimpath -tags tools -ldflags "$ldflags" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2)
+    local build_dir="$dir"
+    if [[ $b == kube-apiserver ]]; then
+      build_dir="$dir-apiserver"
+      patched_apiserver_module "$dir" "$build_dir"
+    fi
+    (cd "$build_dir" && go build -trimpath -tags tools -ldflags "$ldflags" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2)
     mv "$BIN/$b.tmp" "$BIN/$b"
+    if [[ $b == kube-apiserver ]]; then echo "$PATCH_ID" >"$PATCH_MARKER"; fi
     log "$b: done in $((SECONDS - start))s ($("$BIN/$b" --version))"
   done
+}
+
+# kube-apiserver is built in its own consumer module, where k8s.io/kubernetes is replaced
+# by a copy of the release's source with one file patched. (`go build -overlay` cannot
+# replace files in the module cache.) Only k8s.io/kubernetes packages are recompiled; the
+# staging modules stay cached.
+patched_apiserver_module() {
+  local base="$1" dir="$2"
+  local src
+  src="$(cd "$base" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+  rm -rf "$dir"
+  mkdir -p "$dir/kubernetes"
+  log "kube-apiserver: copying k8s.io/kubernetes $K8S_VERSION source to patch it"
+  local part
+  for part in go.mod cmd pkg plugin third_party; do cp -R "$src/$part" "$dir/kubernetes/"; done
+  chmod -R u+w "$dir/kubernetes"
+  patch_endpointslice_validation "$dir/kubernetes/pkg/apis/discovery/validation/validation.go"
+  cp "$base/go.sum" "$dir/go.sum"
+  {
+    sed 's#^module .*#module modelpool.dev/testbed/kube-apiserver#' "$base/go.mod"
+    echo
+    echo "replace k8s.io/kubernetes => ./kubernetes"
+  } >"$dir/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$dir/tools.go"
+}
+
+# EndpointSlice validation calls ValidateEndpointIP, which refuses 127.0.0.0/8. The
+# patch replaces those two calls with one that accepts loopback addresses and checks
+# every other address as before.
+patch_endpointslice_validation() {
+  local file="$1"
+  local call='apivalidation.ValidateEndpointIP(address, addressPath.Index(i))'
+  local count
+  count="$(grep -cF "$call" "$file" || true)"
+  if [[ $count -ne 2 ]]; then
+    log "patch: expected 2 calls to ValidateEndpointIP in $file, found $count"
+    exit 1
+  fi
+  sed -i "s/apivalidation\.ValidateEndpointIP(address, addressPath\.Index(i))/testbedEndpointIP(address, addressPath.Index(i))/" "$file"
+  cat >>"$file" <<'GO'
+
+// testbedEndpointIP is apivalidation.ValidateEndpointIP that also accepts loopback
+// addresses: the modelpool testbed gives each pod its own address in 127.0.0.0/8.
+func testbedEndpointIP(address string, fldPath *field.Path) field.ErrorList {
+	if ip := netutils.ParseIPSloppy(address); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return apivalidation.ValidateEndpointIP(address, fldPath)
+}
+GO
+  log "patch: EndpointSlices may hold loopback addresses ($file)"
 }
 
 [[ -x "$BIN/etcd" ]] || build_etcd

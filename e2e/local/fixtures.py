@@ -1,0 +1,182 @@
+"""pytest fixtures for tests against the local cluster.
+
+`tests/conftest.py` imports them, and any other conftest (e2e/tests) can do the same:
+
+    from e2e.local.fixtures import api, cluster, kubeconfig, kubectl, namespace  # noqa: F401
+
+- `cluster` (session): reuses the running cluster of the default state directory (or
+  `$MODELPOOL_STATE_DIR`) when `MODELPOOL_REUSE_CLUSTER=1` and it is healthy; otherwise
+  starts one in a fresh temporary directory and takes it down at the end of the session.
+- `kubeconfig`, `kubectl`, `api` (async, a kr8s client bound to the test's event loop),
+  `namespace` (fresh per test, deleted after it without waiting).
+
+Only tests marked `integration` or `e2e` may use the cluster; `check_tiers` enforces it at
+collection time, so a unit test can never start one by accident.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import kr8s.asyncio
+import pytest
+
+from e2e.local import controlplane
+from e2e.local.paths import REPO_ROOT, default_state_dir
+
+CLUSTER_TIERS = ("integration", "e2e")
+TIERS = ("unit", "functional", *CLUSTER_TIERS)
+# Tests in these directories get the tier marker when they have none.
+DIRECTORY_TIERS = {
+    REPO_ROOT / "tests" / "integration": "integration",
+    REPO_ROOT / "e2e" / "tests": "e2e",
+}
+CLUSTER_FIXTURES = ("cluster", "kubeconfig", "kubectl", "api", "namespace")
+# Pod Security level enforced in each test namespace. `baseline` admits the model
+# servers' stock images (llama.cpp and vLLM run as root); it still refuses privileged pods.
+NAMESPACE_POD_SECURITY = "baseline"
+
+
+def mark_by_directory(items: Sequence[pytest.Item]) -> None:
+    """Give tests under tests/integration and e2e/tests their tier when they have none."""
+    for item in items:
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        path = Path(str(item.path)).resolve()
+        for directory, tier in DIRECTORY_TIERS.items():
+            if path.is_relative_to(directory):
+                item.add_marker(getattr(pytest.mark, tier))
+                break
+
+
+def check_tiers(items: Sequence[pytest.Item]) -> None:
+    """Refuse a test that reaches the cluster without being marked integration or e2e."""
+    offenders = [
+        item.nodeid
+        for item in items
+        if any(name in getattr(item, "fixturenames", ()) for name in CLUSTER_FIXTURES)
+        and not any(item.get_closest_marker(tier) for tier in CLUSTER_TIERS)
+    ]
+    if offenders:
+        raise pytest.UsageError(
+            "these tests use the cluster but are not marked integration or e2e: "
+            + ", ".join(offenders)
+        )
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
+    """The local cluster: a running one when asked to reuse it, else a fresh one."""
+    env = os.environ
+    if env.get("MODELPOOL_REUSE_CLUSTER") == "1":
+        state = Path(env.get("MODELPOOL_STATE_DIR") or default_state_dir(env, Path.home()))
+        running = controlplane.healthy(state)
+        if running is not None:
+            yield running
+            return
+    state = tmp_path_factory.mktemp("cluster", numbered=True)
+    options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
+    try:
+        yield controlplane.up(options)
+    finally:
+        controlplane.down(state)
+
+
+@pytest.fixture
+def kubeconfig(cluster: controlplane.LocalCluster) -> Path:
+    return cluster.kubeconfig
+
+
+class Kubectl:
+    """Runs kubectl against the cluster: `kubectl("get", "pods", "-n", ns)`."""
+
+    def __init__(self, kubeconfig: Path, binary: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.binary = binary
+
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [self.binary, f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}"
+            )
+        return result
+
+    def json(self, *args: str) -> Any:
+        """`kubectl get ... -o json`, parsed."""
+        return json.loads(self(*args, "-o", "json").stdout)
+
+
+@pytest.fixture
+def kubectl(kubeconfig: Path, cluster: controlplane.LocalCluster) -> Kubectl:
+    binary = shutil.which("kubectl") or str(cluster.bin_dir / "kubectl")
+    return Kubectl(kubeconfig, binary)
+
+
+@pytest.fixture
+async def api(kubeconfig: Path) -> AsyncIterator[kr8s.asyncio.Api]:
+    """A kr8s client of this test's event loop, closed and forgotten after the test."""
+    client = await kr8s.asyncio.api(kubeconfig=str(kubeconfig))
+    try:
+        yield client
+    finally:
+        # kr8s caches clients per thread and event loop; a later loop can reuse the id of
+        # this one, so the entry goes with the loop, and so does its HTTP session.
+        session = getattr(client, "_session", None)
+        if session is not None:
+            await session.aclose()
+        cache: dict[str, Any] = getattr(type(client), "_instances", {})
+        loop_key = f"{threading.get_ident()}."
+        for key in [k for k in cache if k.startswith(loop_key)]:
+            entries = cache[key]
+            for name in [n for n, v in list(entries.items()) if v is client]:
+                del entries[name]
+
+
+def _namespace_name(nodeid: str) -> str:
+    test = nodeid.rsplit("::", 1)[-1]
+    slug = re.sub(r"[^a-z0-9]+", "-", test.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (so pods can be created)."""
+    name = _namespace_name(request.node.nodeid)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "pod-security.kubernetes.io/enforce": NAMESPACE_POD_SECURITY,
+                "modelpool.dev/test": "true",
+            },
+        },
+    }
+    kubectl("create", "-f", "-", input=json.dumps(manifest))
+    try:
+        deadline = time.monotonic() + 30.0
+        while kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"namespace {name} got no default ServiceAccount in 30s")
+            time.sleep(0.2)
+        yield name
+    finally:
+        kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
