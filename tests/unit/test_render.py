@@ -26,7 +26,7 @@ from reconciler.render import (
     router_needs_rbac,
 )
 from reconciler.spec import ModelPoolSpec
-from tests.unit.render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
+from tests.unit.test_render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
 
 pytestmark = pytest.mark.unit
 
