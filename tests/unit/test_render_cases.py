@@ -1,6 +1,5 @@
 """Specs shared by the rendering tests (no tests of its own): the example pool, a standalone
-server and a router of
-plain URLs."""
+server and a router of plain URLs."""
 
 from __future__ import annotations
 
