@@ -1,0 +1,159 @@
+"""The bodies the activator's Kubernetes adapter sends and reads (sidecar.kube), pinned to
+docs/contracts.md section 2 without a cluster."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import kr8s
+import pytest
+
+from sidecar.activation import Conflict, KubeError
+from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
+from sidecar.endpoints import Endpoint
+from sidecar.kube import _Gone, _NotFound, _translate, parse_pool, parse_slice, request_patch
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 30, 10, 0, 5, tzinfo=UTC)
+VALUE = {
+    "member": "gemma",
+    "generation": 8,
+    "requestedAt": "2026-11-30T10:00:05Z",
+    "requestedBy": "demo/chat/chat-a",
+}
+
+
+@pytest.mark.parametrize(
+    ("write", "patch"),
+    [
+        (
+            WriteRequest(
+                PoolRequest("gemma", 8, "demo/chat/chat-a"), PoolRequest("coder", 7), "42", True
+            ),
+            [
+                {"op": "test", "path": "/status/request/generation", "value": 7},
+                {"op": "replace", "path": "/status/request", "value": VALUE},
+            ],
+        ),
+        (
+            WriteRequest(PoolRequest("gemma", 8, "demo/chat/chat-a"), None, "42", True),
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+                {"op": "add", "path": "/status/request", "value": VALUE},
+            ],
+        ),
+        (
+            WriteRequest(PoolRequest("gemma", 8, "demo/chat/chat-a"), None, "42", False),
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+                {"op": "add", "path": "/status", "value": {"request": VALUE}},
+            ],
+        ),
+        (
+            WriteRequest(
+                PoolRequest(None, 8, "demo/chat/chat-a"), PoolRequest("gemma", 7), "42", True
+            ),
+            [
+                {"op": "test", "path": "/status/request/generation", "value": 7},
+                {"op": "replace", "path": "/status/request", "value": {**VALUE, "member": None}},
+            ],
+        ),
+    ],
+    ids=["replace", "add-request", "add-status", "withdraw"],
+)
+def test_request_patch(write: WriteRequest, patch: list[dict[str, Any]]) -> None:
+    assert request_patch(write, NOW) == patch
+
+
+def test_parse_pool_reads_every_field_the_router_uses() -> None:
+    obj = {
+        "metadata": {"name": "heavy", "resourceVersion": "42"},
+        "status": {
+            "phase": "Swapping",
+            "residentMember": "coder",
+            "request": {"member": "gemma", "generation": 7, "requestedBy": "demo/chat/a"},
+            "swap": {"from": "coder", "to": "gemma", "generation": 7, "phase": "Draining"},
+            "lastSwap": {
+                "from": "gemma",
+                "to": "coder",
+                "generation": 6,
+                "durationSeconds": 4.2,
+                "outcome": "Succeeded",
+            },
+        },
+    }
+    assert parse_pool(obj) == PoolStatus(
+        "heavy",
+        "42",
+        True,
+        "coder",
+        PoolRequest("gemma", 7, "demo/chat/a"),
+        SwapProgress("coder", "gemma", 7, "Draining"),
+        LastSwap("gemma", "coder", 6, "Succeeded", 4.2),
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "present", "expected"),
+    [
+        (None, False, None),
+        ({}, True, None),
+        ({"request": None}, True, None),
+        ({"request": {"member": None, "generation": 3}}, True, PoolRequest(None, 3)),
+    ],
+)
+def test_parse_pool_without_a_request(
+    status: dict[str, Any] | None, present: bool, expected: PoolRequest | None
+) -> None:
+    obj: dict[str, Any] = {"metadata": {"name": "heavy", "resourceVersion": "1"}}
+    if status is not None:
+        obj["status"] = status
+    parsed = parse_pool(obj)
+    assert (parsed.status_present, parsed.request, parsed.swap) == (present, expected, None)
+
+
+def test_parse_slice_takes_the_http_port_and_readiness() -> None:
+    obj = {
+        "metadata": {"name": "gemma-x", "labels": {"kubernetes.io/service-name": "gemma"}},
+        "ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8080}],
+        "endpoints": [
+            {"addresses": ["127.0.1.4"], "conditions": {"ready": True}},
+            {"addresses": ["127.0.1.5"], "conditions": {"ready": False, "terminating": True}},
+            {"addresses": ["127.0.1.6"]},  # readiness unknown: treated as ready
+        ],
+    }
+    s = parse_slice(obj)
+    assert (s.name, s.service, s.port) == ("gemma-x", "gemma", 8080)
+    assert s.endpoints == (
+        Endpoint("127.0.1.4", True),
+        Endpoint("127.0.1.5", False),
+        Endpoint("127.0.1.6", True),
+    )
+    unnamed = parse_slice({**obj, "ports": [{"port": 8000}]})
+    assert unnamed.port == 8000
+
+
+def _server_error(code: int) -> kr8s.ServerError:
+    request = httpx.Request("PATCH", "https://127.0.0.1:6443/x")
+    return kr8s.ServerError("refused", response=httpx.Response(code, request=request))
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (_server_error(422), Conflict),
+        (_server_error(409), Conflict),
+        (_server_error(410), _Gone),
+        (_server_error(404), _NotFound),
+        (_server_error(403), KubeError),
+        (_server_error(500), KubeError),
+        (httpx.ConnectError("refused"), KubeError),
+        (ConnectionResetError(), KubeError),
+    ],
+)
+def test_errors_are_translated_once(error: Exception, kind: type[Exception]) -> None:
+    translated = _translate(error, "PATCH x")
+    assert type(translated) is kind
