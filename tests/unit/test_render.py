@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 import yaml
 
@@ -25,7 +26,7 @@ from reconciler.render import (
     RenderError,
     router_needs_rbac,
 )
-from reconciler.spec import ModelPoolSpec
+from reconciler.spec import ModelPoolSpec, ModelServerSpec
 from tests.unit.test_render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
 
 pytestmark = pytest.mark.unit
@@ -134,8 +135,6 @@ def test_runtime_commands_and_probes() -> None:
 
 def test_readiness_path_overrides_the_runtime_default() -> None:
     spec = body("ModelServer", "g", {"runtime": "generic", "image": "i", "readinessPath": "/ok"})
-    from reconciler.spec import ModelServerSpec
-
     objects = RENDERER.model_server(ModelServerSpec.from_body(spec), replicas=1, owner_uid=None)
     probe = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert probe["readinessProbe"]["httpGet"]["path"] == "/ok"
@@ -437,8 +436,6 @@ def test_templates_dir_can_be_overridden(tmp_path: Path) -> None:
 
 
 def test_undefined_template_variables_fail(tmp_path: Path) -> None:
-    import jinja2
-
     shutil.copytree(ROOT / "templates", tmp_path / "t")
     service = tmp_path / "t" / "model-server" / "service.yaml.j2"
     service.write_text(service.read_text() + "  clusterIP: {{ no_such_value }}\n")
@@ -458,8 +455,6 @@ def test_values_cannot_break_the_yaml() -> None:
             "env": [{"name": "X", "value": "${Y} *z &w"}],
         },
     )
-    from reconciler.spec import ModelServerSpec
-
     objects = RENDERER.model_server(ModelServerSpec.from_body(tricky), replicas=1, owner_uid=None)
     c = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["a: b", "- c", "{d}", "'e'", '"f"', "g\nh", "#i", "yes", "1.0", "null"]
