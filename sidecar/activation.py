@@ -247,13 +247,13 @@ class Activation:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[wid] = future
         try:
-            elsewhere = sum(len(s.waiters) for n, s in self._pools.items() if n != pool)
+            elsewhere = sum(activator.held_total(s) for n, s in self._pools.items() if n != pool)
             self._feed(pool, Arrive(wid, member, elsewhere))
             await future
         except asyncio.CancelledError:
             # The client went away. The load it asked for goes on; the machine decides
             # whether the request for it is withdrawn.
-            self._feed(pool, Leave(wid))
+            self._feed(pool, Leave(wid, member))
             raise
         finally:
             del self._waiting[wid]

@@ -14,8 +14,8 @@ lost race it re-reads before deciding again (docs/contracts.md section 2).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from sidecar.retry_after import retry_after_seconds
 
@@ -102,7 +102,10 @@ class PoolState:
     limits: PoolLimits
     status: PoolStatus | None = None  # None until the first list or read
     ready: frozenset[str] = frozenset()  # members with a ready endpoint
-    waiters: tuple[Waiter, ...] = ()  # oldest first
+    # Held requests per member, oldest first. Never mutated in place: every change builds
+    # a new dict, so a state stays a value. Per-member FIFOs keep a step O(members) for
+    # the common events even with thousands of requests held.
+    queues: Mapping[str, tuple[Waiter, ...]] = field(default_factory=dict)
     writing: PoolRequest | None = None  # the request being written, at its new generation
     needs_read: bool = False  # a write lost its race: decide again only after a re-read
     write_retry_at: float | None = None
@@ -132,6 +135,7 @@ class Leave:
     """The client went away (cancellation). Never aborts a load; may withdraw a request."""
 
     waiter: int
+    member: str
 
 
 @dataclass(frozen=True)
@@ -259,16 +263,26 @@ def member_state(state: PoolState, member: str) -> str:
 
 def held_counts(state: PoolState) -> dict[str, int]:
     counts = dict.fromkeys(state.limits.members, 0)
-    for w in state.waiters:
-        counts[w.member] = counts.get(w.member, 0) + 1
+    counts.update({m: len(q) for m, q in state.queues.items()})
     return counts
+
+
+def held_total(state: PoolState) -> int:
+    return sum(len(q) for q in state.queues.values())
+
+
+def waiters(state: PoolState) -> list[Waiter]:
+    """Every held request, oldest first."""
+    return sorted((w for q in state.queues.values() for w in q), key=lambda w: (w.since, w.id))
 
 
 def next_wakeup(state: PoolState, now: float) -> float | None:
     """The next time a Tick can change something (a hold deadline, the fair policy's turn,
     a write retry), or None."""
-    times: list[float] = [w.since + state.limits.swap_budget for w in state.waiters]
+    heads = [q[0] for q in state.queues.values() if q]
+    times: list[float] = [w.since + state.limits.swap_budget for w in heads]
     if state.limits.max_wait is not None:
+        # The fair turn of each member's oldest waiter still to come.
         times += [t for w in _non_incumbent(state) if (t := w.since + state.limits.max_wait) > now]
     if state.write_retry_at is not None:
         times.append(state.write_retry_at)
@@ -291,8 +305,9 @@ def _apply(state: PoolState, event: Event, now: float, actions: list[Action]) ->
     match event:
         case Arrive(waiter=wid, member=member, held_elsewhere=elsewhere):
             return _arrive(state, wid, member, elsewhere, now, actions)
-        case Leave(waiter=wid):
-            return replace(state, waiters=tuple(w for w in state.waiters if w.id != wid))
+        case Leave(waiter=wid, member=member):
+            queue = state.queues.get(member, ())
+            return _with_queue(state, member, tuple(w for w in queue if w.id != wid))
         case Tick():
             if state.write_retry_at is not None and now >= state.write_retry_at:
                 return replace(state, write_retry_at=None)
@@ -316,7 +331,7 @@ def _apply(state: PoolState, event: Event, now: float, actions: list[Action]) ->
         case Reconfigure(limits=limits):
             return replace(state, limits=limits)
         case Shutdown(retry_after=retry_after):
-            for w in state.waiters:
+            for w in waiters(state):
                 actions.append(
                     Fail(
                         w.id,
@@ -327,7 +342,7 @@ def _apply(state: PoolState, event: Event, now: float, actions: list[Action]) ->
                         now - w.since,
                     )
                 )
-            return replace(state, waiters=(), closed=True)
+            return replace(state, queues={}, closed=True)
     raise AssertionError(f"unknown event {event!r}")  # pragma: no cover
 
 
@@ -350,7 +365,7 @@ def _arrive(
     if _admissible(state, waiter):
         actions.append(Admit(wid, member, None))
         return state
-    if len(state.waiters) + elsewhere >= state.limits.max_held:
+    if held_total(state) + elsewhere >= state.limits.max_held:
         actions.append(
             Fail(
                 wid,
@@ -362,7 +377,7 @@ def _arrive(
             )
         )
         return state
-    return replace(state, waiters=(*state.waiters, waiter))
+    return _with_queue(state, member, (*state.queues.get(member, ()), waiter))
 
 
 def _observe(
@@ -381,7 +396,7 @@ def _observe(
         recent = (*state.recent_swaps, last.duration_seconds)[-_RECENT_SWAPS:]
         state = replace(state, recent_swaps=recent)
     if last.outcome in _FAILED_OUTCOMES and last.to_member is not None:
-        doomed = [w for w in state.waiters if w.member == last.to_member]
+        doomed = state.queues.get(last.to_member, ())
         detail = last.message or last.reason or last.outcome
         for w in doomed:
             actions.append(
@@ -394,36 +409,46 @@ def _observe(
                     now - w.since,
                 )
             )
-        state = replace(state, waiters=tuple(w for w in state.waiters if w not in doomed))
+        state = _with_queue(state, last.to_member, ())
     return state
 
 
 def _expire(state: PoolState, now: float, actions: list[Action]) -> PoolState:
     budget = state.limits.swap_budget
-    expired = [w for w in state.waiters if now - w.since >= budget]
-    if not expired:
-        return state
-    for w in expired:
-        actions.append(
-            Fail(
-                w.id,
-                w.member,
-                SWAP_BUDGET_EXCEEDED,
-                f"{w.member} did not become resident within swapBudget {budget:g}s",
-                _retry_after(state, now - w.since),
-                now - w.since,
+    for member, queue in state.queues.items():
+        # Every waiter has the same budget, so the expired ones are the oldest: a prefix.
+        n = 0
+        while n < len(queue) and now - queue[n].since >= budget:
+            n += 1
+        if n:
+            state = _with_queue(state, member, queue[n:])
+        for w in queue[:n]:
+            actions.append(
+                Fail(
+                    w.id,
+                    w.member,
+                    SWAP_BUDGET_EXCEEDED,
+                    f"{w.member} did not become resident within swapBudget {budget:g}s",
+                    _retry_after(state, now - w.since),
+                    now - w.since,
+                )
             )
-        )
-    return replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
+    return state
 
 
 def _admit(state: PoolState, now: float, actions: list[Action]) -> PoolState:
-    admitted = [w for w in state.waiters if _admissible(state, w)]
-    if not admitted:
-        return state
-    for w in admitted:
-        actions.append(Admit(w.id, w.member, now - w.since))
-    return replace(state, waiters=tuple(w for w in state.waiters if w not in admitted))
+    cutoff = _fair_cutoff(state)
+    for member, queue in state.queues.items():
+        if not queue or not is_resident(state, member):
+            continue
+        # Oldest first, so the admissible ones (arrived before the fair cutoff) are a prefix.
+        n = 0
+        while n < len(queue) and (cutoff is None or queue[n].since < cutoff):
+            n += 1
+        if n:
+            state = _with_queue(state, member, queue[n:])
+        actions.extend(Admit(w.id, member, now - w.since) for w in queue[:n])
+    return state
 
 
 def _decide(state: PoolState, now: float, actions: list[Action]) -> PoolState:
@@ -450,7 +475,7 @@ def _decide(state: PoolState, now: float, actions: list[Action]) -> PoolState:
         and not fulfilled
         and current is not None
         and current.requested_by == state.identity
-        and all(w.member != pending for w in state.waiters)
+        and not state.queues.get(pending)
         and not _unloading_for(status, current)
     ):
         new_member = None  # withdraw: our waiters all left before the incumbent unloaded
@@ -481,9 +506,18 @@ def _fair_cutoff(state: PoolState) -> float | None:
     return min((w.since + state.limits.max_wait for w in _non_incumbent(state)), default=None)
 
 
-def _non_incumbent(state: PoolState) -> Iterable[Waiter]:
+def _non_incumbent(state: PoolState) -> list[Waiter]:
+    """The oldest waiter of each member other than the resident one, oldest first."""
     resident = state.status.resident_member if state.status is not None else None
-    return (w for w in state.waiters if w.member != resident)
+    heads = [q[0] for m, q in state.queues.items() if q and m != resident]
+    return sorted(heads, key=lambda w: (w.since, w.id))
+
+
+def _with_queue(state: PoolState, member: str, queue: tuple[Waiter, ...]) -> PoolState:
+    queues = {m: q for m, q in state.queues.items() if m != member}
+    if queue:
+        queues[member] = queue
+    return replace(state, queues=queues)
 
 
 def _unloading_for(status: PoolStatus, request: PoolRequest) -> bool:
@@ -511,7 +545,7 @@ def _older(new: PoolStatus, old: PoolStatus) -> bool:
 
 
 def _oldest_wait(state: PoolState, now: float) -> float | None:
-    return max((now - w.since for w in state.waiters), default=None)
+    return max((now - q[0].since for q in state.queues.values() if q), default=None)
 
 
 def _retry_after(state: PoolState, elapsed: float | None) -> float:

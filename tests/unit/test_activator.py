@@ -39,6 +39,7 @@ from sidecar.activator import (
     WriteSucceeded,
     initial_state,
     step,
+    waiters,
 )
 
 pytestmark = pytest.mark.unit
@@ -309,25 +310,30 @@ CASES = [
     Case(
         "every waiter gone before the swap began: withdraw",
         pool(GEMMA_ASKED),
-        [(0, Arrive(1, "gemma")), (0, Arrive(2, "gemma")), (1, Leave(1)), (2, Leave(2))],
+        [
+            (0, Arrive(1, "gemma")),
+            (0, Arrive(2, "gemma")),
+            (1, Leave(1, "gemma")),
+            (2, Leave(2, "gemma")),
+        ],
         [cas(None, 5, req("gemma", 4), 11)],
     ),
     Case(
         "every waiter gone while the incumbent drains: withdraw",
         pool(DRAINING),
-        [(0, Arrive(1, "gemma")), (2, Leave(1))],
+        [(0, Arrive(1, "gemma")), (2, Leave(1, "gemma"))],
         [cas(None, 5, req("gemma", 4), 12)],
     ),
     Case(
         "a client leaving once the incumbent unloads never aborts the load",
         pool(UNLOADING),
-        [(0, Arrive(1, "gemma")), (2, Leave(1)), (3, PoolObserved(LOADING))],
+        [(0, Arrive(1, "gemma")), (2, Leave(1, "gemma")), (3, PoolObserved(LOADING))],
         [],
     ),
     Case(
         "another router's request is never withdrawn by us",
         pool(GEMMA_BY_OTHER),
-        [(0, Arrive(1, "gemma")), (2, Leave(1))],
+        [(0, Arrive(1, "gemma")), (2, Leave(1, "gemma"))],
         [],
     ),
     Case(
@@ -343,7 +349,7 @@ CASES = [
         [
             (0, Arrive(1, "gemma")),
             (1, Arrive(2, "phi")),
-            (2, Leave(1)),
+            (2, Leave(1, "gemma")),
             (3, WriteSucceeded(status(12, request=req(None, 5)))),
         ],
         [cas(None, 5, req("gemma", 4), 11), cas("phi", 6, req(None, 5), 12)],
@@ -355,7 +361,7 @@ CASES = [
         pool(GEMMA_ASKED),
         [
             (0, Arrive(1, "gemma")),
-            (1, Leave(1)),  # withdrawal written: gemma@4 -> null@5
+            (1, Leave(1, "gemma")),  # withdrawal written: gemma@4 -> null@5
             (1.1, Arrive(2, "gemma")),  # new demand while the withdrawal is in flight
             (1.2, WriteSucceeded(status(12, request=req(None, 5)))),
         ],
@@ -367,7 +373,7 @@ CASES = [
         pool(GEMMA_ASKED),
         [
             (0, Arrive(1, "gemma")),
-            (1, Leave(1)),
+            (1, Leave(1, "gemma")),
             (1.5, Arrive(2, "gemma")),
             (1.75, WriteConflicted()),  # someone wrote gemma@5 first: `test` saw 5, not 4
             (2, PoolObserved(status(12, request=req("gemma", 5, OTHER)))),
@@ -465,7 +471,7 @@ CASES = [
 def test_activator_table(case: Case) -> None:
     state, actions = run(case.given, case.events)
     assert scrub(actions) == case.actions
-    assert [w.id for w in state.waiters] == case.held
+    assert [w.id for w in waiters(state)] == case.held
 
 
 def test_member_states_follow_the_shared_status() -> None:
