@@ -1,0 +1,48 @@
+"""The local node agent: plays the kubelet for one Node of the testbed.
+
+No kubelet and no container runtime run here, so this agent registers a Node (with
+`nvidia.com/gpu: N` in capacity and allocatable, as a device plugin would advertise),
+keeps its Lease in `kube-node-lease` and its Ready condition fresh, and runs every pod
+bound to it as local processes, writing pod status back through pods/status.
+
+Run: `python -m e2e.local.node_agent --kubeconfig FILE --node-name NAME --gpus N
+--state-dir DIR` (FILE an admin kubeconfig). SIGTERM stops every pod gracefully and
+exits; the pod objects stay.
+
+Images (docs/contracts.md section 3; registry, tag and digest ignored), each run with
+the agent's own interpreter (`sys.executable`):
+
+    modelpool/fake-model       python -m e2e.fake_model
+    ggml-org/llama.cpp         python -m e2e.fake_model --mode llamacpp
+    vllm/vllm-openai           python -m e2e.fake_model --mode vllm
+    modelpool/router           python -m sidecar
+    modelpool/reconciler       python -m reconciler
+    modelpool/testbed-client   python -m e2e.local.node_agent.client  (test-only)
+
+`modelpool/testbed-client` takes `list RESOURCE` or `get RESOURCE NAME` (e.g. `list
+pods`, `get secrets x`) in its kubeconfig's namespace with its own token, prints `OK
+<n>` / `OK <name>` and exits 0, or prints `FORBIDDEN` / `NOTFOUND` / `ERROR ...` and
+exits 1; the testbed uses it to show that RBAC applies to pod processes.
+
+An unknown image fails the pod: phase Failed, reason `UnknownImage`, and the
+container waiting with reason `UnknownImage` and a message naming the image.
+
+Files under the state directory DIR:
+
+    DIR/pods/<namespace>_<name>_<uid>/<container>.log   stdout+stderr of the container,
+                                                        appended across restarts
+    DIR/pods/<namespace>_<name>_<uid>/volumes/<volume>/ ConfigMap, Secret, emptyDir,
+                                                        downward-API, projected volumes
+    DIR/pods/<namespace>_<name>_<uid>/kubeconfig        the pod's ServiceAccount token
+    DIR/gpus/                                           MODELPOOL_GPU_LOCK_DIR
+
+Every process gets `MODELPOOL_BIND_HOST=<pod IP>` (127.0.x.y, unique per pod, never
+127.0.0.1), `HOSTNAME=<pod name>`, a GPU container `NVIDIA_VISIBLE_DEVICES` and
+`MODELPOOL_GPU_LOCK_DIR`, and an automounted token `KUBECONFIG`. Mount paths in
+command, args and env are rewritten to the volume directories. Nothing of the agent's
+own environment leaks in but PATH, LANG and PYTHONPATH.
+
+Module map: pure logic in images, podspec, volumes, allocation, probes, restarts,
+status, node, settings; I/O in kube (the only kr8s import), probe_http (the only HTTP
+client), processes, files; worker (one pod) and agent (the node) are the async shells.
+"""

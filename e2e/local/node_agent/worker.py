@@ -1,0 +1,587 @@
+"""One pod's life on the local node, from binding to deletion.
+
+A `PodWorker` is the async shell around the pure parts: it allocates the pod's address
+and GPUs, writes its volumes and kubeconfig, runs each container as a process under
+its restart policy and probes, reports status when it changes, and on deletion stops
+the processes (SIGTERM, SIGKILL after the grace period) before it releases the GPUs
+and removes the pod object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from e2e.local.node_agent import files, processes, restarts
+from e2e.local.node_agent.allocation import Addresses, Devices
+from e2e.local.node_agent.images import PROGRAMS, image_repository, program_for
+from e2e.local.node_agent.kube import ApiError, Kube
+from e2e.local.node_agent.logs import PodLogger
+from e2e.local.node_agent.podspec import (
+    ConfigError,
+    Json,
+    Mount,
+    PodFacts,
+    Sources,
+    container_argv,
+    container_env,
+    gpu_request,
+    pod_facts,
+    referenced_objects,
+    rewrite_env,
+)
+from e2e.local.node_agent.probe_http import probe_once
+from e2e.local.node_agent.probes import ProbeSpec, ProbeState, probe_spec, step
+from e2e.local.node_agent.settings import AgentSettings
+from e2e.local.node_agent.status import (
+    ContainerRuntime,
+    PodFailure,
+    Terminated,
+    pod_status,
+    rfc3339,
+)
+from e2e.local.node_agent.volumes import (
+    TokenSource,
+    plan_volume,
+    token_kubeconfig,
+    token_sources,
+)
+
+logger = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass
+class NodeState:
+    """The node's current allocations; the agent's single mutable holder of them."""
+
+    devices: Devices
+    addresses: Addresses
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    settings: AgentSettings
+    kube: Kube
+    session: aiohttp.ClientSession
+    node: NodeState
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+    refresh_at: float
+
+
+def pod_dir_name(pod: Json) -> str:
+    meta = pod["metadata"]
+    return f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def _parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class PodWorker:
+    def __init__(self, context: WorkerContext, pod: Json) -> None:
+        meta = pod["metadata"]
+        self.context = context
+        self.pod = pod
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.name: str = meta["name"]
+        self.log = PodLogger(logger, {"pod": f"{self.namespace}/{self.name}"})
+        self.directory = context.settings.pods_dir / pod_dir_name(pod)
+        self.terminate = asyncio.Event()
+        self.delete_when_stopped = True
+        self.changed = asyncio.Event()
+        self.runtimes: dict[str, ContainerRuntime] = {}
+        self.failure: PodFailure | None = None
+        self.pod_ip = ""
+        status = pod.get("status") or {}
+        self.start_time: str = status.get("startTime") or rfc3339(time.time())
+        self.last_written: dict[str, Any] | None = None
+        self.tokens: dict[TokenSource, Token] = {}
+        self.gpus: dict[str, tuple[int, ...]] = {}
+        self.mounts: dict[str, list[Mount]] = {}
+        self.kubeconfig: Path | None = None
+        self.live: set[processes.Process] = set()
+
+    # Events from the agent
+
+    def update(self, pod: Json) -> None:
+        self.pod = pod
+        if pod["metadata"].get("deletionTimestamp"):
+            self.terminate.set()
+
+    def vanish(self) -> None:
+        """The pod is gone from the API: stop its processes, delete nothing."""
+        self.delete_when_stopped = False
+        self.terminate.set()
+
+    def shutdown(self) -> None:
+        """The agent is stopping: stop the processes gracefully, keep the pod object."""
+        self.delete_when_stopped = False
+        self.terminate.set()
+
+    # Lifecycle
+
+    @property
+    def spec(self) -> Json:
+        spec: Json = self.pod["spec"]
+        return spec
+
+    def grace_seconds(self) -> float:
+        meta_grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
+        grace = meta_grace if meta_grace is not None else self.spec.get(
+            "terminationGracePeriodSeconds", 30
+        )
+        if not self.delete_when_stopped:
+            grace = min(float(grace), 5.0)
+        return float(grace)
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except Exception:
+            self.log.exception("pod worker failed")
+        finally:
+            # Only once every process has exited does the pod give up its GPUs.
+            for process in list(self.live):
+                await process.stop(0)
+            self.release_gpus()
+            node = self.context.node
+            node.addresses = node.addresses.release(self.uid)
+        if self.delete_when_stopped:
+            self.log.info("processes stopped; deleting the pod object")
+            try:
+                await self.context.kube.delete_pod_now(self.namespace, self.name, self.uid)
+            except ApiError as error:
+                self.log.error("could not delete the pod: %s", error)
+
+    async def _run(self) -> None:
+        settings = self.context.settings
+        node = self.context.node
+        previous_ip = (self.pod.get("status") or {}).get("podIP", "")
+        node.addresses, self.pod_ip = node.addresses.allocate(self.uid, previous_ip)
+        previous = {
+            s["name"]: s for s in (self.pod.get("status") or {}).get("containerStatuses") or []
+        }
+        for container in self.spec["containers"]:
+            self.runtimes[container["name"]] = ContainerRuntime(
+                name=container["name"],
+                image=container["image"],
+                image_id=f"local://{image_repository(container['image'])}",
+                restart_count=int(previous.get(container["name"], {}).get("restartCount", 0)),
+            )
+        unknown = [c for c in self.spec["containers"] if program_for(c["image"]) is None]
+        if unknown:
+            await self._fail_unknown_images(unknown)
+            await self.terminate.wait()
+            return
+        if self.terminate.is_set():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        settings.gpu_lock_dir.mkdir(parents=True, exist_ok=True)
+        await self._write_status()
+        if not await self._allocate_gpus():
+            return
+        writer = asyncio.create_task(self._status_writer())
+        syncer: asyncio.Task[None] | None = None
+        try:
+            if not await self._prepare_volumes():
+                return
+            syncer = asyncio.create_task(self._keep_volumes_current())
+            async with asyncio.TaskGroup() as group:
+                for container in self.spec["containers"]:
+                    group.create_task(self._supervise(container))
+            if not self.terminate.is_set():
+                # Every container has ended for good (restartPolicy Never/OnFailure):
+                # report the final phase and keep the pod until it is deleted.
+                await self._write_status()
+                await self.terminate.wait()
+        finally:
+            for task in (writer, syncer):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    async def _fail_unknown_images(self, unknown: list[Json]) -> None:
+        known = ", ".join(sorted(PROGRAMS))
+        names = ", ".join(f'"{c["image"]}"' for c in unknown)
+        message = (
+            f"image {names} is not known to the local node agent "
+            f"(it runs images of: {known})"
+        )
+        self.log.error("%s", message)
+        self.failure = PodFailure(reason="UnknownImage", message=message)
+        for container in unknown:
+            self.runtimes[container["name"]] = replace(
+                self.runtimes[container["name"]],
+                reason="UnknownImage",
+                message=f'image "{container["image"]}" is not known to the local node agent',
+            )
+        await self._write_status()
+
+    async def _allocate_gpus(self) -> bool:
+        """Give each container its devices; waits while the node has too few free (the
+        scheduler normally prevents that). False when the pod was deleted meanwhile."""
+        node = self.context.node
+        for container in self.spec["containers"]:
+            wanted = gpu_request(container, GPU_RESOURCE)
+            if not wanted:
+                continue
+            key = f"{self.uid}/{container['name']}"
+            while True:
+                node.devices, ids = node.devices.allocate(key, wanted)
+                if ids is not None:
+                    self.gpus[container["name"]] = ids
+                    break
+                self.log.warning("waiting for %s free GPUs", wanted)
+                if await self._wait_terminate(self.context.settings.timing.poll_seconds * 4):
+                    return False
+        return True
+
+    def release_gpus(self) -> None:
+        node = self.context.node
+        for name in self.gpus:
+            node.devices = node.devices.release(f"{self.uid}/{name}")
+
+    async def _wait_terminate(self, seconds: float) -> bool:
+        """Wait up to `seconds`; True when termination was asked for meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.terminate.wait()
+        return self.terminate.is_set()
+
+    # Volumes, tokens and the kubeconfig
+
+    def facts(self) -> PodFacts:
+        return pod_facts(self.pod, self.pod_ip, self.context.settings.host_ip)
+
+    async def _sources(self) -> Sources:
+        kube = self.context.kube
+        config_maps, secrets = referenced_objects(self.pod)
+        found_maps: dict[str, Json | None] = {}
+        found_secrets: dict[str, Json | None] = {}
+        for name in sorted(config_maps):
+            url = f"namespaces/{self.namespace}/configmaps/{name}"
+            found_maps[name] = await kube.get("v1", url)
+        for name in sorted(secrets):
+            secret = await kube.get("v1", f"namespaces/{self.namespace}/secrets/{name}")
+            if secret is not None:
+                secret["kind"] = "Secret"
+            found_secrets[name] = secret
+        return Sources(config_maps=found_maps, secrets=found_secrets)
+
+    async def _refresh_tokens(self, force: bool = False) -> bool:
+        """Request each projected token that is missing or due; True when any changed."""
+        kube = self.context.kube
+        changed = False
+        for volume in self.spec.get("volumes") or []:
+            for source in token_sources(volume):
+                current = self.tokens.get(source)
+                if current is not None and not force and time.time() < current.refresh_at:
+                    continue
+                text, expiry = await kube.request_token(
+                    self.namespace,
+                    self.spec.get("serviceAccountName", "default"),
+                    self.name,
+                    self.uid,
+                    source.audience,
+                    source.expiration_seconds,
+                )
+                now = time.time()
+                lifetime = max(_parse_time(expiry) - now, 10.0)
+                self.tokens[source] = Token(text=text, refresh_at=now + 0.8 * lifetime)
+                changed = True
+        return changed
+
+    async def _write_volumes(self, sources: Sources) -> None:
+        settings = self.context.settings
+        containers = {c["name"]: c for c in self.spec["containers"]}
+        tokens = {source: token.text for source, token in self.tokens.items()}
+        volume_dirs: dict[str, str] = {}
+        for volume in self.spec.get("volumes") or []:
+            plan = plan_volume(
+                volume, self.facts(), sources, containers, tokens, settings.api_server.ca_pem
+            )
+            directory = self.directory / "volumes" / plan.name
+            if plan.kind == "host":
+                volume_dirs[plan.name] = plan.host_path
+                continue
+            if plan.kind == "empty":
+                directory.mkdir(parents=True, exist_ok=True)
+            elif files.write_atomically(directory, plan.files) and self.last_written:
+                self.log.info("volume %s updated", plan.name)
+            volume_dirs[plan.name] = str(directory)
+        default_token = next((t for s, t in self.tokens.items() if s.audience == ""), None)
+        if default_token is not None:
+            config = token_kubeconfig(
+                settings.api_server.server,
+                settings.api_server.ca_data,
+                default_token.text,
+                self.namespace,
+            )
+            self.kubeconfig = self.directory / "kubeconfig"
+            files.write_file_atomically(
+                self.kubeconfig, yaml.safe_dump(config, sort_keys=False).encode()
+            )
+        for container in self.spec["containers"]:
+            mounts = []
+            for mount in container.get("volumeMounts") or []:
+                host = volume_dirs.get(mount["name"])
+                if host is None:
+                    raise ConfigError(f"volumeMount {mount['name']!r} names no volume")
+                if mount.get("subPath"):
+                    host = f"{host}/{mount['subPath']}"
+                mounts.append(Mount(container_path=mount["mountPath"], host_path=host))
+            self.mounts[container["name"]] = mounts
+
+    async def _prepare_volumes(self) -> bool:
+        """Write every volume; while a referenced object is missing, report it and retry.
+        False when the pod was deleted meanwhile."""
+        while True:
+            try:
+                await self._refresh_tokens()
+                await self._write_volumes(await self._sources())
+                return True
+            except (ConfigError, ApiError) as error:
+                self.log.warning("cannot prepare volumes: %s", error)
+                for name, runtime in self.runtimes.items():
+                    self.runtimes[name] = replace(
+                        runtime, reason="ContainerCreating", message=str(error)[:300]
+                    )
+                self.changed.set()
+            if await self._wait_terminate(self.context.settings.timing.poll_seconds * 4):
+                return False
+
+    async def _keep_volumes_current(self) -> None:
+        """ConfigMap, Secret and downward-API volumes follow their objects (the kubelet
+        does it within a minute; the testbed within a couple of seconds); projected
+        tokens are renewed at 80% of their lifetime."""
+        period = self.context.settings.timing.volume_sync_seconds
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self._refresh_tokens()
+                await self._write_volumes(await self._sources())
+            except (ConfigError, ApiError) as error:
+                self.log.warning("cannot refresh volumes: %s", error)
+
+    # Containers
+
+    def _set(self, name: str, **changes: Any) -> None:
+        self.runtimes[name] = replace(self.runtimes[name], **changes)
+        self.changed.set()
+
+    async def _command(self, container: Json) -> tuple[list[str], dict[str, str]]:
+        settings = self.context.settings
+        name = container["name"]
+        program = program_for(container["image"])
+        assert program is not None  # unknown images never reach here
+        injected = {"MODELPOOL_BIND_HOST": self.pod_ip, "HOSTNAME": self.name}
+        if name in self.gpus:
+            injected["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.gpus[name])
+            injected["MODELPOOL_GPU_LOCK_DIR"] = str(settings.gpu_lock_dir)
+        if self.kubeconfig is not None:
+            injected["KUBECONFIG"] = str(self.kubeconfig)
+        env = container_env(container, self.facts(), await self._sources(), injected)
+        mounts = self.mounts.get(name, [])
+        argv = container_argv(settings.python, program, container, env, mounts)
+        return argv, {**settings.base_env, **rewrite_env(env, mounts)}
+
+    async def _supervise(self, container: Json) -> None:
+        name = container["name"]
+        policy = self.spec.get("restartPolicy", "Always")
+        timing = self.context.settings.timing
+        log_file = self.directory / f"{name}.log"
+        first = True
+        while not self.terminate.is_set():
+            try:
+                argv, env = await self._command(container)
+            except (ConfigError, ApiError) as error:
+                self.log.warning("container %s: %s", name, error)
+                self._set(name, state="waiting", reason="CreateContainerConfigError",
+                          message=str(error)[:300])
+                if await self._wait_terminate(timing.poll_seconds * 4):
+                    break
+                continue
+            restart_count = self.runtimes[name].restart_count + (0 if first else 1)
+            first = False
+            process = await processes.start(argv, env, self.directory, log_file)
+            self.live.add(process)
+            started_at = rfc3339(time.time())
+            container_id = f"local://{process.pid}"
+            self.log.info("container %s started (pid %s): %s", name, process.pid, argv)
+            self._set(
+                name,
+                state="running",
+                reason="",
+                message="",
+                started_at=started_at,
+                container_id=container_id,
+                restart_count=restart_count,
+                ready="readinessProbe" not in container and "startupProbe" not in container,
+                started="startupProbe" not in container,
+            )
+            code = await self._run_until_exit(container, process)
+            self.live.discard(process)
+            exit_code, reason, signal = processes.exit_reason(code)
+            message = ""
+            if exit_code and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                message = processes.log_tail(log_file)
+            terminated = Terminated(
+                exit_code=exit_code,
+                reason=reason,
+                started_at=started_at,
+                finished_at=rfc3339(time.time()),
+                container_id=container_id,
+                message=message,
+                signal=signal,
+            )
+            self.log.info("container %s exited with %s", name, exit_code)
+            if self.terminate.is_set() or not restarts.should_restart(policy, exit_code):
+                self._set(name, state="terminated", terminated=terminated, ready=False,
+                          started=False, container_id="")
+                break
+            delay = restarts.backoff_seconds(
+                restart_count + 1, timing.backoff_base_seconds, timing.backoff_cap_seconds
+            )
+            self._set(
+                name,
+                state="waiting",
+                reason="CrashLoopBackOff",
+                message=f"back-off {delay:g}s restarting failed container={name}",
+                last_terminated=terminated,
+                ready=False,
+                started=False,
+                container_id="",
+            )
+            if await self._wait_terminate(delay):
+                break
+
+    async def _run_until_exit(self, container: Json, process: processes.Process) -> int:
+        """Wait for the process to exit, probing it meanwhile; a failed liveness or
+        startup probe or a termination request stops it with the grace period."""
+        name = container["name"]
+        started = asyncio.Event()
+        if "startupProbe" not in container:
+            started.set()
+
+        async def stop(why: str) -> None:
+            self.log.info("container %s: %s; stopping it", name, why)
+            await process.stop(self.grace_seconds())
+
+        def on_startup(state: ProbeState) -> bool:
+            if state.result is True:
+                self._set(name, started=True,
+                          ready="readinessProbe" not in container)
+                started.set()
+                return False
+            return state.result is False
+
+        def on_readiness(state: ProbeState) -> bool:
+            ready = state.result is True
+            if self.runtimes[name].ready != ready:
+                self._set(name, ready=ready)
+            return False
+
+        def on_liveness(state: ProbeState) -> bool:
+            return state.result is False
+
+        async def terminate_watch() -> None:
+            await self.terminate.wait()
+            await stop("pod terminating")
+
+        tasks = [asyncio.create_task(terminate_watch())]
+        loops: list[tuple[str, Callable[[ProbeState], bool], bool]] = [
+            ("startupProbe", on_startup, False),
+            ("readinessProbe", on_readiness, True),
+            ("livenessProbe", on_liveness, True),
+        ]
+        for key, handler, after_startup in loops:
+            if key in container:
+                spec = probe_spec(container[key], container, self.pod_ip)
+                tasks.append(
+                    asyncio.create_task(
+                        self._probe_loop(key, spec, handler, started if after_startup else None,
+                                         stop)
+                    )
+                )
+        try:
+            return await process.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _probe_loop(
+        self,
+        key: str,
+        spec: ProbeSpec,
+        handler: Callable[[ProbeState], bool],
+        after: asyncio.Event | None,
+        stop: Callable[[str], Any],
+    ) -> None:
+        """Probe every period; stop the container when the handler says the probe has
+        failed for good (liveness, startup)."""
+        if after is not None:
+            await after.wait()
+        await asyncio.sleep(spec.initial_delay)
+        state = ProbeState()
+        while True:
+            ok = await probe_once(self.context.session, spec)
+            state = step(spec, state, ok)
+            if handler(state):
+                await stop(f"{key} failed {state.failures} times")
+                return
+            if key == "startupProbe" and state.result is True:
+                return
+            await asyncio.sleep(spec.period)
+
+    # Status
+
+    async def _status_writer(self) -> None:
+        while True:
+            await self.changed.wait()
+            self.changed.clear()
+            try:
+                await self._write_status()
+            except ApiError as error:
+                self.log.warning("status write failed: %s", error)
+                await asyncio.sleep(self.context.settings.timing.poll_seconds)
+                self.changed.set()
+
+    async def _write_status(self) -> None:
+        """Send the pod's status when it differs from what was last sent."""
+        basis: Mapping[str, Any] = self.pod
+        if self.last_written is not None:
+            basis = {**self.pod, "status": self.last_written}
+        body = pod_status(
+            basis,
+            [self.runtimes[c["name"]] for c in self.spec["containers"]],
+            self.pod_ip,
+            self.context.settings.host_ip,
+            self.start_time,
+            rfc3339(time.time()),
+            self.failure,
+        )
+        if body == self.last_written:
+            return
+        await self.context.kube.patch_pod_status(self.namespace, self.name, body)
+        self.last_written = body
