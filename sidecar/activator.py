@@ -111,6 +111,7 @@ class PoolState:
     write_retry_at: float | None = None
     write_failures: int = 0
     recent_swaps: tuple[float, ...] = ()  # durations of recent successful swaps
+    answered: int = 0  # the newest request generation whose swap ended, any outcome
     closed: bool = False
 
 
@@ -387,9 +388,11 @@ def _observe(
     if status is not None and old is not None and _older(status, old):
         return replace(state, needs_read=False)  # a stale read: keep what we know
     state = replace(state, status=status, needs_read=False)
+    last = status.last_swap if status is not None else None
+    if last is not None and last.generation is not None and last.generation > state.answered:
+        state = replace(state, answered=last.generation)
     if status is None or old is None:
         return state  # the first sight of a pool's history is not news
-    last = status.last_swap
     if last is None or last == old.last_swap:
         return state
     if last.outcome == "Succeeded" and last.duration_seconds is not None:
@@ -465,17 +468,24 @@ def _decide(state: PoolState, now: float, actions: list[Action]) -> PoolState:
         return state
     current = status.request
     wanted = next((w.member for w in _non_incumbent(state)), None)
-    pending = current.member if current is not None else None
-    fulfilled = pending is None or pending == status.resident_member
+    # A request is settled once nothing more will come of it: withdrawn, served (its member
+    # is resident), or answered by a swap that ended. Only then may a new one replace it;
+    # an unsettled request for another member is the queue we wait in.
+    settled = (
+        current is None
+        or current.member is None
+        or current.member == status.resident_member
+        or current.generation <= state.answered
+    )
     new_member: str | None
-    if wanted is not None and pending != wanted and fulfilled:
+    if wanted is not None and settled:
         new_member = wanted
     elif (
-        pending is not None
-        and not fulfilled
+        not settled
         and current is not None
+        and current.member is not None
         and current.requested_by == state.identity
-        and not state.queues.get(pending)
+        and not state.queues.get(current.member)
         and not _unloading_for(status, current)
     ):
         new_member = None  # withdraw: our waiters all left before the incumbent unloaded

@@ -31,7 +31,7 @@ class EndpointSlice:
 class EndpointIndex:
     """EndpointSlices of one namespace, indexed by Service name."""
 
-    def __init__(self, *, bad_ttl: float = 10.0) -> None:
+    def __init__(self, *, bad_ttl: float = 5.0) -> None:
         self._slices: dict[str, EndpointSlice] = {}
         self._bad: dict[tuple[str, str], float] = {}  # (service, address) -> until
         self._bad_ttl = bad_ttl

@@ -421,6 +421,15 @@ CASES = [
         [cas("gemma", 6, req(None, 5, "reconciler"), 14)],
         held=[1],
     ),
+    Case(
+        "a request whose swap already ended is settled: ask for its member again",
+        pool(
+            status(11, request=req("gemma", 4, OTHER), last=LastSwap("coder", "gemma", 4, "Failed"))
+        ),
+        [(0, Arrive(1, "gemma"))],
+        [cas("gemma", 5, req("gemma", 4, OTHER), 11)],
+        held=[1],
+    ),
     # --- fair policy ---
     Case(
         "fair: once the oldest waiter waited maxWait, the incumbent takes no new requests",
