@@ -123,6 +123,8 @@ ABANDONED = status(
     last=LastSwap("coder", "gemma", 4, "Abandoned", 60.0, "SwapBudgetExceeded", "not Ready"),
 )
 
+FAILED_4 = LastSwap("coder", "gemma", 4, "Failed")
+
 CASES = [
     # --- cold start ---
     Case(
@@ -423,10 +425,11 @@ CASES = [
     ),
     Case(
         "a request whose swap already ended is settled: ask for its member again",
-        pool(
-            status(11, request=req("gemma", 4, OTHER), last=LastSwap("coder", "gemma", 4, "Failed"))
-        ),
-        [(0, Arrive(1, "gemma"))],
+        replace(pool(), status=None),
+        [
+            (0, PoolObserved(status(11, request=req("gemma", 4, OTHER), last=FAILED_4))),
+            (1, Arrive(1, "gemma")),
+        ],
         [cas("gemma", 5, req("gemma", 4, OTHER), 11)],
         held=[1],
     ),
