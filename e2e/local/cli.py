@@ -1,6 +1,7 @@
 """`modelpool-local`: a real Kubernetes control plane and a local node, without Docker.
 
-    modelpool-local up [--gpus N] [--state-dir D] [--no-node]   # prints the kubeconfig path last
+    modelpool-local up [--gpus N] [--state-dir D] [--no-node] [--restart-node]
+                       # prints the kubeconfig path as its last line
     modelpool-local status [--state-dir D]
     modelpool-local down [--state-dir D]
 
@@ -32,6 +33,9 @@ def _parser(default_dir: Path) -> argparse.ArgumentParser:
     up = commands.add_parser("up", parents=[state], help="start the cluster (idempotent)")
     up.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu on the node")
     up.add_argument("--no-node", action="store_true", help="start no node agent")
+    up.add_argument(
+        "--restart-node", action="store_true", help="restart a running node agent (new code)"
+    )
     up.add_argument("--bin-dir", type=Path, help="control-plane binaries (default: build)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to become healthy")
     commands.add_parser("down", parents=[state], help="stop everything and remove the state")
@@ -51,6 +55,7 @@ def _up(args: argparse.Namespace) -> int:
         with_node=not args.no_node,
         bin_dir=args.bin_dir,
         timeout=args.timeout,
+        restart_node=args.restart_node,
     )
     try:
         cluster = controlplane.up(options)

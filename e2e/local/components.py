@@ -8,6 +8,7 @@ project's behaviour rests on, no leader election. Everything listens on 127.0.0.
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ class ClusterSettings:
     bin_dir: Path
     ports: Ports
     gpus: int
+    # Each cluster's pods get addresses from their own /16 of 127.0.0.0/8, so two
+    # clusters on one machine (a shared one and a test session's) never share one.
+    pod_network: str = "127.1.0.0/16"
     node_name: str = NODE_NAME
     with_node: bool = True
 
@@ -73,6 +77,7 @@ class ClusterSettings:
             bin_dir=Path(data["bin_dir"]),
             ports=Ports(**data["ports"]),
             gpus=int(data["gpus"]),
+            pod_network=str(data.get("pod_network", "127.1.0.0/16")),
             node_name=str(data["node_name"]),
             with_node=bool(data["with_node"]),
         )
@@ -84,6 +89,11 @@ class Component:
 
     name: str
     argv: tuple[str, ...]
+
+
+def random_pod_network() -> str:
+    """A /16 of loopback that is neither 127.0.0.0/16 (the control plane's) nor reserved."""
+    return f"127.{secrets.randbelow(240) + 10}.0.0/16"
 
 
 def etcd(layout: StateLayout, s: ClusterSettings) -> Component:
@@ -179,6 +189,7 @@ def node_agent(layout: StateLayout, s: ClusterSettings, python: str) -> Componen
             f"--node-name={s.node_name}",
             f"--gpus={s.gpus}",
             f"--state-dir={layout.node_state}",
+            f"--pod-network={s.pod_network}",
         ),
     )
 

@@ -45,6 +45,8 @@ class UpOptions:
     with_node: bool = True
     bin_dir: Path | None = None
     timeout: float = 180.0
+    # Restart a running node agent (to pick up a change to its code).
+    restart_node: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ def up(options: UpOptions) -> LocalCluster:
         bin_dir=bin_dir,
         ports=previous.ports if previous else _new_ports(),
         gpus=options.gpus,
+        pod_network=previous.pod_network if previous else components.random_pod_network(),
         with_node=options.with_node or node_running,
     )
     certs.ensure_pki(layout, dt.datetime.now(dt.UTC))
@@ -232,9 +235,9 @@ def _ensure_node_agent(
     previous: ClusterSettings | None,
 ) -> None:
     pid_file = layout.pid(NODE_AGENT)
-    if previous is not None and previous.gpus != settings.gpus and processes.running(pid_file):
-        log.info("GPU count changes from %s to %s: restarting the node agent",
-                 previous.gpus, settings.gpus)
+    gpus_changed = previous is not None and previous.gpus != settings.gpus
+    if (gpus_changed or options.restart_node) and processes.running(pid_file):
+        log.info("restarting the node agent (%s GPUs)", settings.gpus)
         processes.stop(pid_file, NODE_AGENT_GRACE)
     agent = components.node_agent(layout, settings, options.python)
     _ensure_running(layout, agent, REPO_ROOT)

@@ -171,6 +171,7 @@ def kill_under(directory: Path) -> list[int]:
             continue
         inside = cwd == root or cwd.startswith(root + "/")
         if inside or any(root + "/" in arg for arg in argv):
+            log.warning("killing leftover process %s: %s", proc.name, " ".join(argv)[:200])
             _signal(int(proc.name), signal.SIGKILL, group=False)
             killed.append(int(proc.name))
     return killed

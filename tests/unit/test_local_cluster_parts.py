@@ -103,6 +103,14 @@ def test_node_agent_gets_the_admin_kubeconfig_and_the_gpu_count() -> None:
     assert "--kubeconfig=/state/admin.kubeconfig" in argv
     assert "--gpus=2" in argv
     assert "--state-dir=/state/node" in argv
+    assert "--pod-network=127.1.0.0/16" in argv
+
+
+def test_pod_networks_stay_off_the_control_planes_addresses() -> None:
+    for _ in range(50):
+        network = components.random_pod_network()
+        second = int(network.split(".")[1])
+        assert network.endswith(".0.0/16") and 10 <= second < 250
 
 
 def test_settings_survive_the_state_file() -> None:

@@ -1,0 +1,397 @@
+"""The testbed keeps Kubernetes' promises (issue 2's acceptance list).
+
+Against the local cluster: the real scheduler counts fake GPUs, the node agent runs pods
+as processes on their own loopback addresses, the EndpointSlice controller publishes
+only ready pods, RBAC applies to a pod's own token, garbage collection follows owner
+references, and an image that nothing stands in for fails its pod loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kr8s.asyncio
+import openai
+import pytest
+from kr8s.asyncio.objects import object_from_spec
+
+from e2e.local.controlplane import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+Json = dict[str, Any]
+T = TypeVar("T")
+
+FAKE_MODEL_IMAGE = "ghcr.io/modelpool/fake-model:test"
+TESTBED_CLIENT_IMAGE = "modelpool/testbed-client"
+MODEL_PORT = 8080
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], what: str, within: float = 60.0
+) -> T:
+    """Poll `check` until it returns something other than None."""
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                result = await check()
+                if result is not None:
+                    return result
+                await asyncio.sleep(0.25)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within}s waiting for {what}") from None
+
+
+async def create(api: kr8s.asyncio.Api, namespace: str, manifest: Json) -> Json:
+    manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+    obj = await object_from_spec(manifest, api=api)
+    await obj.create()
+    return dict(obj.raw)
+
+
+async def get_all(api: kr8s.asyncio.Api, kind: str, namespace: str, **selectors: Any) -> list[Json]:
+    return [dict(o) async for o in api.get(kind, namespace=namespace, raw=True, **selectors)]
+
+
+async def get_one(api: kr8s.asyncio.Api, kind: str, namespace: str, name: str) -> Json | None:
+    found = await get_all(api, kind, namespace, field_selector=f"metadata.name={name}")
+    return found[0] if found else None
+
+
+def pod_ready(pod: Json) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def unschedulable_message(pod: Json) -> str | None:
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c["type"] == "PodScheduled" and c["status"] == "False":
+            return str(c.get("message", ""))
+    return None
+
+
+# --- the GPU lock, seen from outside --------------------------------------------------
+
+
+def lock_holders(lock_file: Path) -> set[int]:
+    """Pids holding a flock on `lock_file`, from /proc/locks (taking nothing ourselves)."""
+    try:
+        inode = os.stat(lock_file).st_ino
+    except FileNotFoundError:
+        return set()
+    holders: set[int] = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        if int(fields[5].rsplit(":", 1)[1]) == inode:
+            holders.add(int(fields[4]))
+    return holders
+
+
+def lock_is_held(lock_file: Path) -> bool:
+    """Try the lock as a second server would: held means we cannot take it."""
+    with lock_file.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+class LockSampler:
+    """Samples the holders of a GPU lock every few milliseconds in a thread."""
+
+    def __init__(self, lock_file: Path, period: float = 0.01) -> None:
+        self.lock_file = lock_file
+        self.period = period
+        self.samples = 0
+        self.held_samples = 0
+        self.most_holders = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpu-lock-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            holders = len(lock_holders(self.lock_file))
+            self.samples += 1
+            self.held_samples += holders > 0
+            self.most_holders = max(self.most_holders, holders)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- manifests -------------------------------------------------------------------------
+
+
+def fake_model_deployment(name: str, replicas: int) -> Json:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [
+                        {
+                            "name": "model",
+                            "image": FAKE_MODEL_IMAGE,
+                            "args": ["--model", "/models/tiny.gguf", "--port", str(MODEL_PORT)],
+                            "ports": [{"name": "http", "containerPort": MODEL_PORT}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": MODEL_PORT},
+                                "periodSeconds": 1,
+                            },
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def service(name: str) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"app": name},
+            "ports": [{"name": "http", "port": MODEL_PORT, "targetPort": MODEL_PORT}],
+        },
+    }
+
+
+async def answers_openai(ip: str) -> str:
+    """A chat completion from the server on `ip`; returns the model id it served."""
+    async with openai.AsyncOpenAI(
+        base_url=f"http://{ip}:{MODEL_PORT}/v1", api_key="unused", max_retries=0, timeout=10
+    ) as client:
+        models = await client.models.list()
+        model = models.data[0].id
+        reply = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
+    assert reply.choices[0].message.content
+    return model
+
+
+async def slice_addresses(api: kr8s.asyncio.Api, namespace: str, svc: str) -> dict[str, bool]:
+    """Every address in the Service's EndpointSlices, with its `ready` condition."""
+    addresses: dict[str, bool] = {}
+    selector = {"kubernetes.io/service-name": svc}
+    for s in await get_all(api, "endpointslices", namespace, label_selector=selector):
+        for endpoint in s.get("endpoints") or []:
+            ready = bool((endpoint.get("conditions") or {}).get("ready"))
+            for address in endpoint["addresses"]:
+                addresses[address] = ready
+    return addresses
+
+
+# --- the tests -------------------------------------------------------------------------
+
+
+async def test_one_gpu_runs_one_of_two_gpu_replicas_and_hands_over_on_deletion(
+    api: kr8s.asyncio.Api, namespace: str, cluster: LocalCluster
+) -> None:
+    name = "gpu-model"
+    lock_file = cluster.node_state_dir / "gpus" / "gpu0.lock"
+
+    async def one_ready_one_pending(exclude: frozenset[str] = frozenset()) -> Any:
+        pods = [
+            p
+            for p in await get_all(api, "pods", namespace, label_selector={"app": name})
+            if p["metadata"]["name"] not in exclude and "deletionTimestamp" not in p["metadata"]
+        ]
+        ready = [p for p in pods if pod_ready(p) and p["status"].get("podIP")]
+        pending = [
+            p
+            for p in pods
+            if p["status"].get("phase") == "Pending"
+            and "Insufficient nvidia.com/gpu" in (unschedulable_message(p) or "")
+        ]
+        if len(pods) == 2 and len(ready) == 1 and len(pending) == 1:
+            return ready[0], pending[0]
+        return None
+
+    async def endpoints_are_exactly(ip: str) -> Any:
+        addresses = await slice_addresses(api, namespace, name)
+        return True if addresses == {ip: True} else None
+
+    with LockSampler(lock_file) as sampler:
+        await create(api, namespace, service(name))
+        await create(api, namespace, fake_model_deployment(name, replicas=2))
+        first, pending = await eventually(one_ready_one_pending, "one Ready and one Pending pod")
+        first_ip = first["status"]["podIP"]
+        assert first_ip.startswith("127.") and first_ip != "127.0.0.1"
+        assert first["spec"]["nodeName"] == cluster.settings.node_name
+        assert "nodeName" not in pending["spec"]
+        assert await answers_openai(first_ip) == "tiny"
+        assert await asyncio.to_thread(lock_is_held, lock_file)
+        await eventually(lambda: endpoints_are_exactly(first_ip), "the slice to list the pod")
+
+        pod = await object_from_spec({**first, "kind": "Pod", "apiVersion": "v1"}, api=api)
+        await pod.delete()
+        gone = frozenset({first["metadata"]["name"]})
+        second, _ = await eventually(
+            lambda: one_ready_one_pending(exclude=gone), "another pod to take the GPU", 90
+        )
+        second_ip = second["status"]["podIP"]
+        assert second["metadata"]["name"] != first["metadata"]["name"]
+        assert await answers_openai(second_ip) == "tiny"
+        await eventually(lambda: endpoints_are_exactly(second_ip), "the slice to follow")
+
+    assert sampler.samples > 100
+    assert sampler.held_samples > 0, "the sampler never saw the GPU lock held"
+    assert sampler.most_holders == 1, "two servers held the GPU lock at once"
+
+
+async def test_a_pod_process_has_exactly_its_service_accounts_rights(
+    api: kr8s.asyncio.Api, namespace: str, cluster: LocalCluster
+) -> None:
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}}
+    await create(api, namespace, account)
+    await create(
+        api,
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "pod-lister"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    await create(
+        api,
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "reader-lists-pods"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-lister",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    )
+    await create(
+        api, namespace, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hidden"}}
+    )
+    pod = await create(
+        api,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "rbac-probe"},
+            "spec": {
+                "serviceAccountName": "reader",
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "pods", "image": TESTBED_CLIENT_IMAGE, "args": ["list", "pods"]},
+                    {"name": "secrets", "image": TESTBED_CLIENT_IMAGE, "args": ["list", "secrets"]},
+                ],
+            },
+        },
+    )
+
+    async def finished() -> Json | None:
+        current = await get_one(api, "pods", namespace, "rbac-probe")
+        phase = (current or {}).get("status", {}).get("phase")
+        return current if phase in ("Succeeded", "Failed") else None
+
+    done = await eventually(finished, "the probe pod to finish")
+    exits = {
+        s["name"]: s["state"].get("terminated", {}).get("exitCode")
+        for s in done["status"]["containerStatuses"]
+    }
+    assert exits == {"pods": 0, "secrets": 1}
+    logs = cluster.node_state_dir / "pods" / f"{namespace}_rbac-probe_{pod['metadata']['uid']}"
+    assert (await asyncio.to_thread((logs / "pods.log").read_text)).split()[0] == "OK"
+    assert "FORBIDDEN" in await asyncio.to_thread((logs / "secrets.log").read_text)
+
+
+async def test_deleting_an_owner_collects_its_dependents(
+    api: kr8s.asyncio.Api, namespace: str
+) -> None:
+    owner = await create(
+        api,
+        namespace,
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}, "data": {}},
+    )
+    reference = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
+    for i in range(2):
+        await create(
+            api,
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"dependent-{i}", "ownerReferences": [reference]},
+            },
+        )
+    bystander = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bystander"}}
+    await create(api, namespace, bystander)
+
+    owner_obj = await object_from_spec({**owner, "kind": "ConfigMap", "apiVersion": "v1"}, api=api)
+    await owner_obj.delete(propagation_policy="Background")
+
+    async def collected() -> bool | None:
+        names = {c["metadata"]["name"] for c in await get_all(api, "configmaps", namespace)}
+        return True if not names & {"owner", "dependent-0", "dependent-1"} else None
+
+    await eventually(collected, "the dependents to be garbage-collected")
+    assert await get_one(api, "configmaps", namespace, "bystander") is not None
+
+
+async def test_an_unknown_image_fails_its_pod_with_a_reason_naming_it(
+    api: kr8s.asyncio.Api, namespace: str
+) -> None:
+    image = "registry.example/nobody/no-such-model:1.0"
+    await create(
+        api,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "unknown"},
+            "spec": {"restartPolicy": "Always", "containers": [{"name": "c", "image": image}]},
+        },
+    )
+
+    async def failed() -> Json | None:
+        pod = await get_one(api, "pods", namespace, "unknown")
+        return pod if (pod or {}).get("status", {}).get("phase") == "Failed" else None
+
+    pod = await eventually(failed, "the pod to fail")
+    status = pod["status"]
+    waiting = status["containerStatuses"][0]["state"].get("waiting", {})
+    assert "nobody/no-such-model" in status.get("message", "") + waiting.get("message", "")
+    assert status.get("reason") or waiting.get("reason")
+
