@@ -1,0 +1,124 @@
+"""Entry point of the reconciler: `python -m reconciler` / `modelpool-reconciler`.
+
+`run` builds the settings from flags and environment, then supervises under one
+TaskGroup the watches, the work-queue workers (only while this replica leads), the Lease
+and the metrics and health server; any of them ending unexpectedly takes the process
+down. SIGTERM stops the workers, releases the Lease and exits 0. `render FILES...` prints
+what the reconciler would apply, through the same renderer (reconciler.render_cli).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from reconciler.controller import Controller
+from reconciler.health import make_health_app
+from reconciler.kube import Kube
+from reconciler.leader import LeaderElector
+from reconciler.logs import setup_logging
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.probes import HttpIdleProbe
+from reconciler.render import Renderer
+from reconciler.settings import Settings, add_run_arguments, from_args
+
+log = logging.getLogger("reconciler")
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT: leave the TaskGroup."""
+
+
+async def _supervised(name: str, work: Coroutine[Any, Any, None]) -> None:
+    await work
+    raise RuntimeError(f"{name} stopped unexpectedly")
+
+
+async def run(settings: Settings, registry: CollectorRegistry | None = None,
+              stop: asyncio.Event | None = None) -> None:
+    """The reconciler until `stop` is set (or a signal arrives)."""
+    registry = registry or CollectorRegistry()
+    metrics = ReconcilerMetrics(registry)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (RuntimeError, ValueError):  # not the main thread (tests run us in-process)
+            break
+    kube = await Kube.connect(settings.kubeconfig)
+    elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
+    async with aiohttp.ClientSession() as session:
+        probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
+        controller = Controller(kube, settings, metrics, Renderer(), probe)
+        runner = web.AppRunner(make_health_app(registry, controller.ready.is_set),
+                               access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.bind_host, settings.metrics_port)
+        await site.start()
+        log.info("metrics and health on %s:%d", settings.bind_host, settings.metrics_port)
+
+        async def lead() -> None:
+            if elector is not None:
+                await elector.acquire()
+            metrics.leader.set(1)
+            async with asyncio.TaskGroup() as tg:
+                if elector is not None:
+                    tg.create_task(_supervised("lease", elector.hold()))
+                tg.create_task(_supervised("workers", controller.run_workers()))
+
+        async def wait_stop() -> None:
+            await stop.wait()
+            raise Stopped
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_supervised("watches", controller.run_informers()), name="watches")
+                tg.create_task(_supervised("leader", lead()), name="leader")
+                tg.create_task(wait_stop(), name="stop")
+        except* Stopped:
+            log.info("stopping")
+        finally:
+            controller.queue.shutdown()
+            metrics.leader.set(0)
+            if elector is not None:
+                await elector.release()
+            await runner.cleanup()
+            await kube.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "render":
+        from reconciler.render_cli import main as render_main
+
+        return render_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="modelpool-reconciler")
+    sub = parser.add_subparsers(dest="command")
+    run_parser = sub.add_parser("run", help="reconcile (the default)")
+    add_run_arguments(run_parser)
+    sub.add_parser("render", help="print what would be applied: render FILES...")
+    if not argv or argv[0].startswith("-"):
+        argv = ["run", *argv]
+    args = parser.parse_args(argv)
+    settings = from_args(args, os.environ)
+    setup_logging(settings.log_level)
+    try:
+        asyncio.run(run(settings))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

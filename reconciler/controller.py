@@ -1,0 +1,662 @@
+"""The reconciler's shell: watches feed caches and a work queue; workers reconcile one
+object at a time: render, apply, prune, run the pool's swap, write status.
+
+Three kinds of keys go through one queue: a ModelServer (its Deployment and Service, at
+the replicas its pool wants), a ModelPool (one step of its swap state machine, whose
+actions are executed here) and a ModelRouter (its Deployment, ServiceAccount, Role,
+RoleBinding, Service and ConfigMap). Every watched change maps to the keys it concerns:
+a pod of a member wakes its server and its pool, a hand-edited Deployment wakes its owner,
+which applies it back. Nothing is done on a timer except what the swap asks for
+(`next_wakeup`), and nothing is written unless it differs from what the API server
+holds, so an idle reconciler makes no writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler import conditions as cond
+from reconciler import kube as k
+from reconciler import pool_status
+from reconciler import swap as s
+from reconciler.idle import idle_check
+from reconciler.logs import ObjectLogger
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.probes import IdleProbe
+from reconciler.render import (
+    LABEL_POOL,
+    LABEL_ROUTER,
+    LABEL_SERVER,
+    MANAGED_BY,
+    ROUTER_KINDS,
+    SERVER_KINDS,
+    Renderer,
+    RenderError,
+    router_object_name,
+)
+from reconciler.settings import Settings
+from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
+from reconciler.timefmt import rfc3339
+from reconciler.workqueue import QueueShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+SERVER = "ModelServer"
+POOL = "ModelPool"
+ROUTER = "ModelRouter"
+MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: str
+    namespace: str
+    name: str
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return _meta(obj).get("labels") or {}
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    return any(ref.get("uid") == uid for ref in _meta(obj).get("ownerReferences") or [])
+
+
+def covers(desired: Any, live: Any) -> bool:
+    """Whether `live` already holds every field of `desired` (the server adds defaults,
+    so extra fields are fine); scalars compare as text, as quantities do."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            covers(v, live.get(key)) for key, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(covers(d, v) for d, v in zip(desired, live, strict=True))
+        )
+    if desired is None:
+        return live is None
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return bool(desired == live)
+    return str(desired) == str(live)
+
+
+def _pod_active(pod: Mapping[str, Any]) -> bool:
+    """A pod that may still hold the GPU: anything not finished, terminating ones too."""
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    if _meta(pod).get("deletionTimestamp"):
+        return False
+    conditions: list[Mapping[str, Any]] = (pod.get("status") or {}).get("conditions") or []
+    for c in conditions:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: k.Kube,
+        settings: Settings,
+        metrics: ReconcilerMetrics,
+        renderer: Renderer,
+        probe: IdleProbe,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.renderer = renderer
+        self.probe = probe
+        self.clock = clock
+        self.queue: WorkQueue[Key] = WorkQueue()
+        ns = settings.namespace
+        self.servers = k.Informer(kube, k.MODEL_SERVERS, ns, self._on_server)
+        self.pools = k.Informer(kube, k.MODEL_POOLS, ns, self._on_pool)
+        self.routers = k.Informer(kube, k.MODEL_ROUTERS, ns, self._on_router)
+        self.deployments = k.Informer(kube, k.DEPLOYMENTS, ns, self._on_owned, MANAGED)
+        self.services = k.Informer(kube, k.SERVICES, ns, self._on_owned, MANAGED)
+        self.config_maps = k.Informer(kube, k.CONFIG_MAPS, ns, self._on_owned, MANAGED)
+        self.pods = k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER)
+        self.informers = [
+            self.servers, self.pools, self.routers, self.deployments, self.services,
+            self.config_maps, self.pods,
+        ]
+        self._cached: dict[tuple[str, str], k.Informer] = {
+            ("apps/v1", "Deployment"): self.deployments,
+            ("v1", "Service"): self.services,
+            ("v1", "ConfigMap"): self.config_maps,
+        }
+        self.pool_states: dict[tuple[str, str], s.PoolState] = {}
+        self._idle_results: dict[tuple[str, str], list[s.IdleResult]] = defaultdict(list)
+        self._probes: set[asyncio.Task[None]] = set()
+        self.ready = asyncio.Event()
+
+    # Watch events to keys
+
+    def _add(self, kind: str, namespace: str, name: str) -> None:
+        self.queue.add(Key(kind, namespace, name))
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def _pools_of(self, namespace: str, server: str) -> list[str]:
+        return [
+            _meta(p)["name"]
+            for p in self.pools.items(namespace)
+            if any(m.get("name") == server for m in (p.get("spec") or {}).get("members") or [])
+        ]
+
+    def _routers_of(self, namespace: str, servers: Sequence[str]) -> list[str]:
+        found = []
+        for r in self.routers.items(namespace):
+            refs = {
+                (b.get("modelServerRef") or {}).get("name")
+                for b in (r.get("spec") or {}).get("backends") or []
+            }
+            if refs & set(servers):
+                found.append(_meta(r)["name"])
+        return found
+
+    def _on_server(self, _type: str, obj: dict[str, Any]) -> None:
+        ns, name = k.key_of(obj)
+        self._add(SERVER, ns, name)
+        for pool in self._pools_of(ns, name):
+            self._add(POOL, ns, pool)
+        for router in self._routers_of(ns, [name]):
+            self._add(ROUTER, ns, router)
+
+    def _on_pool(self, _type: str, obj: dict[str, Any]) -> None:
+        ns, name = k.key_of(obj)
+        self._add(POOL, ns, name)
+        # membership decides other pools' validity (a member in two pools) and routers' config
+        for other in self.pools.items(ns):
+            self._add(POOL, ns, _meta(other)["name"])
+        members = [m.get("name") for m in (obj.get("spec") or {}).get("members") or []]
+        for member in members:
+            if member:
+                self._add(SERVER, ns, member)
+        for router in self._routers_of(ns, [m for m in members if m]):
+            self._add(ROUTER, ns, router)
+
+    def _on_router(self, _type: str, obj: dict[str, Any]) -> None:
+        ns, name = k.key_of(obj)
+        self._add(ROUTER, ns, name)
+
+    def _on_owned(self, _type: str, obj: dict[str, Any]) -> None:
+        ns, _ = k.key_of(obj)
+        labels = _labels(obj)
+        if labels.get(LABEL_SERVER):
+            self._add(SERVER, ns, labels[LABEL_SERVER])
+        if labels.get(LABEL_ROUTER):
+            self._add(ROUTER, ns, labels[LABEL_ROUTER])
+
+    def _on_pod(self, _type: str, obj: dict[str, Any]) -> None:
+        ns, _ = k.key_of(obj)
+        server = _labels(obj).get(LABEL_SERVER)
+        if not server:
+            return
+        self._add(SERVER, ns, server)
+        for pool in self._pools_of(ns, server):
+            self._add(POOL, ns, pool)
+
+    # Running
+
+    async def run_informers(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for informer in self.informers:
+                tg.create_task(informer.run(), name=f"watch-{informer.resource.plural}")
+            await asyncio.gather(*(i.synced.wait() for i in self.informers))
+            self.ready.set()
+            log.info("caches synced")
+
+    async def run_workers(self) -> None:
+        await self.ready.wait()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for n in range(self.settings.workers):
+                    tg.create_task(self._worker(), name=f"worker-{n}")
+        finally:
+            for task in self._probes:
+                task.cancel()
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except QueueShutDown:
+                return
+            self.metrics.queue_depth.set(len(self.queue))
+            started = time.monotonic()
+            try:
+                await self.reconcile(key)
+            except (k.KubeError, RenderError, SpecError) as e:
+                delay = self.queue.retry(key)
+                self.metrics.reconcile_total.labels(key.kind, "error").inc()
+                log.warning("reconcile of %s %s/%s failed: %s; again in %.1fs",
+                            key.kind, key.namespace, key.name, e, delay)
+            else:
+                self.queue.forget(key)
+                self.metrics.reconcile_total.labels(key.kind, "success").inc()
+            finally:
+                self.queue.done(key)
+                self.metrics.reconcile_duration_seconds.labels(key.kind).observe(
+                    time.monotonic() - started
+                )
+
+    async def reconcile(self, key: Key) -> None:
+        if key.kind == SERVER:
+            await self.reconcile_server(key.namespace, key.name)
+        elif key.kind == POOL:
+            await self.reconcile_pool(key.namespace, key.name)
+        elif key.kind == ROUTER:
+            await self.reconcile_router(key.namespace, key.name)
+
+    # Writes (counted, and put back into the caches at once)
+
+    async def _apply(self, body: dict[str, Any]) -> None:
+        cache = self._cached.get((str(body.get("apiVersion")), str(body.get("kind"))))
+        if cache is not None:
+            ns, name = k.key_of(body)
+            live = cache.get(ns, name)
+            if live is not None and covers(body, live):
+                return
+        result = await self.kube.apply(body)
+        self.metrics.api_writes_total.labels("apply", str(body.get("kind"))).inc()
+        if cache is not None:
+            cache.update(result)
+
+    async def _patch_status(
+        self, informer: k.Informer, obj: Mapping[str, Any], patch: Mapping[str, Any]
+    ) -> None:
+        if not patch:
+            return
+        ns, name = k.key_of(obj)
+        result = await self.kube.merge_patch_status(informer.resource, ns, name, patch)
+        self.metrics.api_writes_total.labels("patch-status", informer.resource.kind).inc()
+        informer.update(result)
+
+    async def _post_event(self, body: Mapping[str, Any], type_: str, reason: str,
+                          message: str) -> None:
+        await self.kube.post_event(body, type_=type_, reason=reason, message=message,
+                                   now=self.clock(), instance=self.settings.leader.identity)
+        self.metrics.api_writes_total.labels("create", "Event").inc()
+
+    def _logger(self, body: Mapping[str, Any]) -> ObjectLogger:
+        return ObjectLogger(log, body, self._post_event)
+
+    async def _prune(
+        self,
+        kinds: Sequence[tuple[str, str]],
+        namespace: str,
+        selector: tuple[str, str],
+        owner_uid: str | None,
+        keep: set[tuple[str, str]],
+    ) -> None:
+        """Delete what this owner rendered before and renders no more."""
+        label, value = selector
+        for api_version, kind in kinds:
+            cache = self._cached.get((api_version, kind))
+            resource = k.BY_KIND[(api_version, kind)]
+            if cache is not None:
+                candidates = [o for o in cache.items(namespace) if _labels(o).get(label) == value]
+            else:
+                candidates, _ = await self.kube.list_all(
+                    resource, namespace, f"{label}={value},{MANAGED}"
+                )
+            for obj in candidates:
+                name = str(_meta(obj).get("name"))
+                if (kind, name) in keep or not _owned_by(obj, owner_uid):
+                    continue
+                log.info("pruning %s %s/%s", kind, namespace, name)
+                await self.kube.delete(resource, namespace, name, _meta(obj).get("uid"))
+                self.metrics.api_writes_total.labels("delete", kind).inc()
+
+    # ModelServer
+
+    def _pool_for(self, namespace: str, server: str) -> tuple[str | None, bool]:
+        """(the pool holding `server`, whether membership is ambiguous)."""
+        pools = sorted(self._pools_of(namespace, server))
+        if len(pools) > 1:
+            return None, True
+        return (pools[0] if pools else None), False
+
+    def _server_replicas(self, spec: ModelServerSpec, pool: str | None, ambiguous: bool) -> int:
+        """A pool member's replicas are what its pool's swap wants; while that cannot be
+        known (a member of two pools, a pool with a problem, not yet stepped) whatever runs
+        keeps running: nothing is scaled."""
+        if pool is None and not ambiguous:
+            return spec.replicas
+        state = self.pool_states.get((spec.namespace, pool)) if pool else None
+        wanted = s.desired_replicas(state) if state is not None else None
+        if wanted is not None and spec.name in wanted:
+            return wanted[spec.name]
+        live = self.deployments.get(spec.namespace, spec.name)
+        return int(((live or {}).get("spec") or {}).get("replicas") or 0)
+
+    async def reconcile_server(self, namespace: str, name: str) -> None:
+        body = self.servers.get(namespace, name)
+        if body is None:
+            return  # garbage collection removes what it owned
+        logger = self._logger(body)
+        meta = _meta(body)
+        status = body.get("status") or {}
+        try:
+            spec = ModelServerSpec.from_body(body)
+        except SpecError as e:
+            await self._server_stalled(body, logger, "InvalidSpec", str(e))
+            return
+        pool, ambiguous = self._pool_for(namespace, name)
+        replicas = self._server_replicas(spec, pool, ambiguous)
+        objects = self.renderer.model_server(
+            spec, replicas=replicas, owner_uid=meta.get("uid"), pool=pool
+        )
+        for obj in objects:
+            await self._apply(obj)
+        await self._prune(SERVER_KINDS, namespace, (LABEL_SERVER, name), meta.get("uid"),
+                          {(str(o["kind"]), str(o["metadata"]["name"])) for o in objects})
+        pods = [p for p in self.pods.items(namespace) if _labels(p).get(LABEL_SERVER) == name]
+        active = [p for p in pods if _pod_active(p)]
+        ready = sum(1 for p in active if _pod_ready(p))
+        failed = any((p.get("status") or {}).get("phase") == "Failed" for p in pods)
+        if ready > 0:
+            phase = "Ready"
+        elif replicas == 0 and not active:
+            phase = "Stopped"
+        elif failed and not active:
+            phase = "Failed"
+        elif any((p.get("spec") or {}).get("nodeName") for p in active):
+            phase = "Loading"
+        else:
+            phase = "Pending"
+        stalled = ("MemberOfTwoPools", f"{name} is a member of more than one pool") \
+            if ambiguous else None
+        if phase in ("Ready", "Stopped"):
+            why = "a pod is Ready" if phase == "Ready" else "stopped by its pool"
+            ready_c = (True, phase, why)
+            reconciling = None
+        else:
+            ready_c = (False, phase, f"{ready}/{replicas} pods Ready")
+            reconciling = (phase, f"{ready}/{replicas} pods Ready")
+        if stalled is not None:
+            await self._warn_once(body, logger, stalled)
+        owned = {
+            "phase": phase,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "endpoint": f"http://{name}.{namespace}.svc:{spec.port}",
+            "pool": pool,
+            "observedGeneration": spec.generation,
+            "conditions": cond.merge(
+                status.get("conditions"),
+                cond.kstatus(ready=ready_c, reconciling=reconciling, stalled=stalled),
+                now=rfc3339(self.clock()),
+                observed_generation=spec.generation,
+            ),
+        }
+        await self._patch_status(self.servers, body, pool_status.status_patch(owned, status))
+
+    async def _warn_once(self, body: Mapping[str, Any], logger: ObjectLogger,
+                         stalled: tuple[str, str]) -> None:
+        """An Event for a Stalled reason the object's status does not show yet."""
+        before = cond.find((body.get("status") or {}).get("conditions"), cond.STALLED)
+        if before is None or before.get("status") != "True" or before.get("reason") != stalled[0]:
+            await logger.event("Warning", *stalled)
+
+    async def _server_stalled(self, body: Mapping[str, Any], logger: ObjectLogger,
+                              reason: str, message: str) -> None:
+        await self._warn_once(body, logger, (reason, message))
+        status = body.get("status") or {}
+        generation = int(_meta(body).get("generation") or 0)
+        owned = {
+            "observedGeneration": generation,
+            "conditions": cond.merge(
+                status.get("conditions"),
+                cond.kstatus(ready=(False, reason, message), stalled=(reason, message)),
+                now=rfc3339(self.clock()),
+                observed_generation=generation,
+            ),
+        }
+        informer = self.servers if body.get("kind") == SERVER else self.routers
+        await self._patch_status(informer, body, pool_status.status_patch(owned, status))
+
+    # ModelPool
+
+    def _pool_problem(self, spec: ModelPoolSpec) -> s.Problem | None:
+        missing = [m for m in spec.member_names if self.servers.get(spec.namespace, m) is None]
+        if missing:
+            return s.Problem("MemberNotFound", "ModelServer not found: " + ", ".join(missing))
+        shared = []
+        for m in spec.member_names:
+            others = [p for p in self._pools_of(spec.namespace, m) if p != spec.name]
+            if others:
+                shared.append(f"{m} (also in {', '.join(sorted(others))})")
+        if shared:
+            return s.Problem("MemberInTwoPools", "members of another pool: " + ", ".join(shared))
+        invalid = []
+        for m in spec.member_names:
+            try:
+                ModelServerSpec.from_body(self.servers.get(spec.namespace, m) or {})
+            except SpecError as e:
+                invalid.append(f"{m}: {e}")
+        if invalid:
+            return s.Problem("InvalidMember", "; ".join(invalid))
+        return None
+
+    def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
+        pods: dict[str, int] = {}
+        scheduled: dict[str, int] = {}
+        ready: dict[str, int] = {}
+        for pod in self.pods.items(namespace):
+            member = _labels(pod).get(LABEL_SERVER) or ""
+            if member not in members or not _pod_active(pod):
+                continue
+            pods[member] = pods.get(member, 0) + 1
+            if (pod.get("spec") or {}).get("nodeName"):
+                scheduled[member] = scheduled.get(member, 0) + 1
+            if _pod_ready(pod):
+                ready[member] = ready.get(member, 0) + 1
+        return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready)
+
+    async def reconcile_pool(self, namespace: str, name: str) -> None:
+        body = self.pools.get(namespace, name)
+        key = (namespace, name)
+        if body is None:
+            self.pool_states.pop(key, None)
+            return
+        status = body.get("status") or {}
+        generation = int(_meta(body).get("generation") or 0)
+        try:
+            spec = ModelPoolSpec.from_body(body)
+        except SpecError as e:
+            config = s.PoolConfig(members=())
+            problem: s.Problem | None = s.Problem("InvalidSpec", str(e))
+        else:
+            config = s.PoolConfig(
+                members=spec.member_names,
+                default=spec.default,
+                policy=spec.swap_policy,
+                swap_budget=spec.swap_budget_seconds,
+                min_residency=spec.min_residency_seconds,
+                probe_interval=self.settings.swap.probe_interval_seconds,
+            )
+            problem = self._pool_problem(spec)
+        now = self.clock()
+        state = self.pool_states.get(key)
+        if state is None:
+            state = pool_status.restore(config, generation, status)
+        events: list[s.Event] = [
+            s.SpecObserved(config, generation, problem),
+            s.RequestObserved(pool_status.request_of(status)),
+            s.MembersObserved(self._member_pods(namespace, config.members)),
+            *self._idle_results.pop(key, []),
+            s.Tick(),
+        ]
+        actions: list[s.Action] = []
+        for event in events:
+            state, more = s.step(state, event, now)
+            actions += more
+        self.pool_states[key] = state
+        logger = self._logger(body)
+        owned = pool_status.pool_status(state, status, now)
+        await self._patch_status(self.pools, body, pool_status.status_patch(owned, status))
+        self.metrics.set_resident(namespace, name, config.members, state.resident)
+        for action in actions:
+            await self._execute(namespace, name, body, action, logger)
+        wake = s.next_wakeup(state)
+        if wake is not None:
+            self.queue.add_after(Key(POOL, namespace, name), max(0.0, wake - self.clock()))
+
+    async def _execute(self, namespace: str, pool: str, body: Mapping[str, Any],
+                       action: s.Action, logger: ObjectLogger) -> None:
+        m = self.metrics
+        if isinstance(action, s.Scale):
+            logger.info("scaling %s to %d", action.member, action.replicas)
+            await self.reconcile_server(namespace, action.member)
+        elif isinstance(action, s.ProbeIdle):
+            self._start_probe(namespace, pool, action.member)
+        elif isinstance(action, s.ClearRequest):
+            await self._clear_request(namespace, pool, action.generation, logger)
+        elif isinstance(action, s.EmitEvent):
+            await logger.event(action.type, action.reason, action.message)
+        elif isinstance(action, s.RecordSwap):
+            m.swap_done(namespace, pool, action.from_, action.to, action.duration, action.phases)
+        elif isinstance(action, s.RecordFailure):
+            m.swap_failures_total.labels(namespace, pool, action.member, action.reason).inc()
+        elif isinstance(action, s.RecordDeferral):
+            m.swap_deferrals_total.labels(namespace, pool, action.reason).inc()
+
+    async def _clear_request(self, namespace: str, pool: str, generation: int,
+                             logger: ObjectLogger) -> None:
+        cleared = {
+            "member": None,
+            "requestedAt": rfc3339(self.clock()),
+            "requestedBy": f"{namespace}/{MANAGED_BY}/{self.settings.leader.identity}",
+        }
+        try:
+            result = await self.kube.json_patch_status(
+                k.MODEL_POOLS, namespace, pool, k.clear_request_ops(generation, cleared)
+            )
+        except k.Conflict:
+            logger.info("request %d was replaced before it could be cleared", generation)
+            self._add(POOL, namespace, pool)
+            return
+        self.metrics.api_writes_total.labels("json-patch-status", POOL).inc()
+        self.pools.update(result)
+
+    def _start_probe(self, namespace: str, pool: str, member: str) -> None:
+        body = self.servers.get(namespace, member)
+        try:
+            spec = ModelServerSpec.from_body(body or {})
+        except SpecError as e:
+            self._idle_results[(namespace, pool)].append(
+                s.IdleResult(member, s.Verdict.FAILED, str(e)))
+            self._add(POOL, namespace, pool)
+            return
+        check = idle_check(spec.runtime, spec.idle)
+        addresses = [
+            (str(p["status"]["podIP"]), spec.port)
+            for p in self.pods.items(namespace)
+            if _labels(p).get(LABEL_SERVER) == member
+            and _pod_active(p)
+            and (p.get("status") or {}).get("podIP")
+        ]
+
+        async def run() -> None:
+            try:
+                verdict, detail = await self.probe.probe(check, addresses)
+            except Exception as e:  # fail closed, whatever went wrong
+                log.warning("idle probe of %s/%s raised: %s", namespace, member, e)
+                verdict, detail = s.Verdict.FAILED, type(e).__name__
+            self._idle_results[(namespace, pool)].append(s.IdleResult(member, verdict, detail))
+            self._add(POOL, namespace, pool)
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"probe-{member}")
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    # ModelRouter
+
+    async def reconcile_router(self, namespace: str, name: str) -> None:
+        body = self.routers.get(namespace, name)
+        if body is None:
+            return
+        logger = self._logger(body)
+        meta = _meta(body)
+        status = body.get("status") or {}
+        try:
+            spec = ModelRouterSpec.from_body(body)
+            servers = {}
+            for obj in self.servers.items(namespace):
+                with contextlib.suppress(SpecError):
+                    server = ModelServerSpec.from_body(obj)
+                    servers[server.name] = server
+            pools = []
+            for obj in self.pools.items(namespace):
+                with contextlib.suppress(SpecError):
+                    pools.append(ModelPoolSpec.from_body(obj))
+            objects = self.renderer.router(spec, servers=servers, pools=pools,
+                                           owner_uid=meta.get("uid"))
+        except (SpecError, RenderError) as e:
+            reason = "InvalidSpec" if isinstance(e, SpecError) else "CannotRender"
+            await self._server_stalled(body, logger, reason, str(e))
+            return
+        for obj in objects:
+            await self._apply(obj)
+        await self._prune(ROUTER_KINDS, namespace, (LABEL_ROUTER, name), meta.get("uid"),
+                          {(str(o["kind"]), str(o["metadata"]["name"])) for o in objects})
+        deployment = self.deployments.get(namespace, router_object_name(name)) or {}
+        ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
+        wanted = spec.proxy.replicas
+        phase = "Ready" if ready >= wanted else "Pending"
+        backends = []
+        for b in spec.backends:
+            pool = None
+            if b.model_server_ref:
+                pools_of = self._pools_of(namespace, b.model_server_ref)
+                pool = pools_of[0] if len(pools_of) == 1 else None
+            server_status = (self.servers.get(namespace, b.model_server_ref or "") or {}).get(
+                "status") or {}
+            backends.append({
+                "name": b.name,
+                "modelServer": b.model_server_ref,
+                "pool": pool,
+                "url": b.url,
+                "phase": server_status.get("phase") if b.model_server_ref else "External",
+                "ready": bool(b.url) or server_status.get("phase") == "Ready",
+            })
+        if phase == "Ready":
+            ready_c = (True, "Ready", f"{ready}/{wanted} router pods Ready")
+            reconciling = None
+        else:
+            ready_c = (False, "Pending", f"{ready}/{wanted} router pods Ready")
+            reconciling = ("Pending", f"{ready}/{wanted} router pods Ready")
+        owned = {
+            "phase": phase,
+            "endpoint": f"http://{router_object_name(name)}.{namespace}.svc:{spec.proxy.port}",
+            "backends": [{k_: v for k_, v in b.items() if v is not None} for b in backends],
+            "observedGeneration": spec.generation,
+            "conditions": cond.merge(
+                status.get("conditions"),
+                cond.kstatus(ready=ready_c, reconciling=reconciling),
+                now=rfc3339(self.clock()),
+                observed_generation=spec.generation,
+            ),
+        }
+        await self._patch_status(self.routers, body, pool_status.status_patch(owned, status))
+
+
+__all__ = ["LABEL_POOL", "Controller", "Key", "covers"]

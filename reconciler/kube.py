@@ -1,0 +1,481 @@
+"""The reconciler's one door to the API server; the only module that imports kr8s.
+
+Everything the reconciler does to the cluster goes through here: list and watch (resumed
+after `410 Gone` by listing again, never by polling), server-side apply with one field
+manager (kr8s has none: one helper sends `application/apply-patch+yaml` through
+`api.call_api`), merge patches of status, the JSON-patch compare-and-swap on a pool's
+`status.request` (docs/contracts.md section 2), deletes for pruning, Events and the
+leader Lease. kr8s and httpx errors are translated once, in `_translate`, into
+`KubeError`s that say whether trying again can help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kr8s
+import kr8s.asyncio
+
+from reconciler.timefmt import rfc3339, rfc3339_micro
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "modelpool-reconciler"
+REQUEST_TIMEOUT = 30.0
+WATCH_SECONDS = 290  # the server ends a watch after this; it is resumed from its last version
+_TRUNCATE = 300
+
+
+class KubeError(Exception):
+    """A request to the API server failed; `status` is the HTTP code when there was one."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def temporary(self) -> bool:
+        """Trying again later can help (conflicts, throttling, server and network trouble)."""
+        return self.status is None or self.status in (409, 429) or self.status >= 500
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    """409, or 422 from a failed JSON-patch `test`: re-read and re-decide."""
+
+
+class Gone(KubeError):
+    """410: the resourceVersion a watch resumed from is too old; list again."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    api_version: str  # "v1", "apps/v1", "modelpool.dev/v1alpha1"
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def url(self, name: str | None = None, sub: str | None = None) -> str:
+        return "/".join(p for p in (self.plural, name, sub) if p)
+
+
+MODEL_SERVERS = Resource("modelpool.dev/v1alpha1", "ModelServer", "modelservers")
+MODEL_POOLS = Resource("modelpool.dev/v1alpha1", "ModelPool", "modelpools")
+MODEL_ROUTERS = Resource("modelpool.dev/v1alpha1", "ModelRouter", "modelrouters")
+DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")
+SERVICES = Resource("v1", "Service", "services")
+CONFIG_MAPS = Resource("v1", "ConfigMap", "configmaps")
+SERVICE_ACCOUNTS = Resource("v1", "ServiceAccount", "serviceaccounts")
+ROLES = Resource("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+PODS = Resource("v1", "Pod", "pods")
+EVENTS = Resource("v1", "Event", "events")
+LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
+
+BY_KIND: dict[tuple[str, str], Resource] = {
+    (r.api_version, r.kind): r
+    for r in (
+        MODEL_SERVERS, MODEL_POOLS, MODEL_ROUTERS, DEPLOYMENTS, SERVICES, CONFIG_MAPS,
+        SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PODS, EVENTS, LEASES,
+    )
+}
+
+
+def resource_of(body: Mapping[str, Any]) -> Resource:
+    key = (str(body.get("apiVersion")), str(body.get("kind")))
+    try:
+        return BY_KIND[key]
+    except KeyError:
+        raise KubeError(f"no resource known for {key[0]} {key[1]}") from None
+
+
+def _translate(e: Exception, what: str) -> KubeError:
+    """Every kr8s/httpx failure as one of ours, with the server's message, truncated."""
+    if isinstance(e, KubeError):
+        return e
+    if isinstance(e, kr8s.ServerError):
+        status: int | None = None
+        response = getattr(e, "response", None)
+        if response is not None:
+            status = response.status_code
+        reason = ""
+        if isinstance(e.status, Mapping):
+            reason = str(e.status.get("reason", ""))
+        message = f"{what}: {str(e)[:_TRUNCATE]}"
+        if status == 404:
+            return NotFound(message, status, reason)
+        if status in (409, 422):
+            return Conflict(message, status, reason)
+        if status == 410:
+            return Gone(message, status, reason)
+        return KubeError(message, status, reason)
+    if isinstance(e, kr8s.APITimeoutError | httpx.TimeoutException):
+        return KubeError(f"{what}: timed out")
+    if isinstance(e, httpx.HTTPError | OSError):
+        return KubeError(f"{what}: {type(e).__name__}: {str(e)[:_TRUNCATE]}")
+    raise e
+
+
+class Kube:
+    """Typed calls on one kr8s `Api` (injected; see `connect`)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None) -> Kube:
+        api = await kr8s.asyncio.api(kubeconfig=kubeconfig) if kubeconfig else (
+            await kr8s.asyncio.api()
+        )
+        return cls(api)
+
+    async def request(
+        self,
+        method: str,
+        resource: Resource,
+        namespace: str | None,
+        name: str | None = None,
+        *,
+        sub: str | None = None,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        what = f"{method} {resource.url(name, sub)} in {namespace or '(cluster)'}"
+        kwargs: dict[str, Any] = {"timeout": REQUEST_TIMEOUT}
+        if params:
+            kwargs["params"] = dict(params)
+        if body is not None:
+            kwargs["content"] = json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        try:
+            async with self.api.call_api(
+                method,
+                version=resource.api_version,
+                namespace=namespace if resource.namespaced else None,
+                url=resource.url(name, sub),
+                **kwargs,
+            ) as response:
+                data = response.json() if response.content else {}
+        except Exception as e:
+            raise _translate(e, what) from e
+        return data if isinstance(data, dict) else {}
+
+    async def get(
+        self, resource: Resource, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            return await self.request("GET", resource, namespace, name)
+        except NotFound:
+            return None
+
+    async def list_all(
+        self, resource: Resource, namespace: str | None, label_selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object (all pages) and the list's resourceVersion."""
+        params: dict[str, str] = {"limit": "500"}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        items: list[dict[str, Any]] = []
+        while True:
+            page = await self.request("GET", resource, namespace, params=params)
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", resource.kind)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            params["continue"] = str(meta["continue"])
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) from `resource_version` on, bookmarks included, until the server
+        ends the watch; raises Gone when that version is too old."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        what = f"watch {resource.plural} {namespace or '(all)'}"
+        try:
+            async with self.api.call_api(
+                "GET",
+                version=resource.api_version,
+                namespace=namespace if resource.namespaced else None,
+                url=resource.url(),
+                params=params,
+                stream=True,
+                timeout=httpx.Timeout(REQUEST_TIMEOUT, read=WATCH_SECONDS + 30),
+            ) as response:
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        code = obj.get("code")
+                        if code == 410:
+                            raise Gone(f"{what}: {obj.get('message', '')[:_TRUNCATE]}", 410)
+                        raise KubeError(f"{what}: {obj.get('message', '')[:_TRUNCATE]}", code)
+                    yield str(event.get("type")), obj
+        except KubeError:
+            raise
+        except Exception as e:
+            raise _translate(e, what) from e
+
+    async def apply(self, body: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]:
+        """Server-side apply of one object we own, as field manager modelpool-reconciler."""
+        resource = resource_of(body)
+        meta = body.get("metadata") or {}
+        return await self.request(
+            "PATCH",
+            resource,
+            meta.get("namespace"),
+            meta.get("name"),
+            params={"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"},
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def merge_patch_status(
+        self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return await self.request(
+            "PATCH",
+            resource,
+            namespace,
+            name,
+            sub="status",
+            params={"fieldManager": FIELD_MANAGER},
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+        )
+
+    async def json_patch_status(
+        self, resource: Resource, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A JSON Patch on the status subresource; a failed `test` raises Conflict."""
+        return await self.request(
+            "PATCH",
+            resource,
+            namespace,
+            name,
+            sub="status",
+            params={"fieldManager": FIELD_MANAGER},
+            body=ops,
+            content_type="application/json-patch+json",
+        )
+
+    async def delete(
+        self, resource: Resource, namespace: str | None, name: str, uid: str | None = None
+    ) -> None:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1",
+                                "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        with contextlib.suppress(NotFound):
+            await self.request("DELETE", resource, namespace, name, body=body)
+
+    async def create(
+        self, resource: Resource, namespace: str | None, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return await self.request("POST", resource, namespace, body=body)
+
+    async def replace(
+        self, resource: Resource, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """PUT: fails with Conflict when body's resourceVersion is no longer current."""
+        return await self.request("PUT", resource, namespace, name, body=body)
+
+    async def post_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        now: float,
+        instance: str,
+    ) -> None:
+        """A core/v1 Event about `involved` (an object body), as `kubectl describe` shows."""
+        meta = involved.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        stamp = rfc3339(now)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "eventTime": rfc3339_micro(now),
+            "action": reason,
+            "count": 1,
+        }
+        await self.create(EVENTS, namespace, event)
+
+    async def close(self) -> None:
+        session = getattr(self.api, "_session", None)
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.aclose()
+
+
+def request_cas_ops(
+    status: Mapping[str, Any] | None, resource_version: str, new_request: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The compare-and-swap of docs/contracts.md section 2: `new_request` (without a
+    generation) replaces the current request at generation + 1, or is added at 1."""
+    current = (status or {}).get("request")
+    if isinstance(current, Mapping) and isinstance(current.get("generation"), int):
+        generation = int(current["generation"])
+        value = {**new_request, "generation": generation + 1}
+        return [
+            {"op": "test", "path": "/status/request/generation", "value": generation},
+            {"op": "replace", "path": "/status/request", "value": value},
+        ]
+    value = {**new_request, "generation": 1}
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
+    if status is None:
+        return [test, {"op": "add", "path": "/status", "value": {"request": value}}]
+    return [test, {"op": "add", "path": "/status/request", "value": value}]
+
+
+def clear_request_ops(generation: int, cleared: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Clear a request only while it is still at `generation` (a newer one is kept)."""
+    return [
+        {"op": "test", "path": "/status/request/generation", "value": generation},
+        {"op": "replace", "path": "/status/request", "value": {**cleared,
+                                                              "generation": generation + 1}},
+    ]
+
+
+def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+OnChange = Callable[[str, dict[str, Any]], Awaitable[None] | None]
+
+
+class Informer:
+    """A cache of one resource kept current by list-then-watch; calls `on_change(type,
+    obj)` for every change (and DELETED for objects that vanished across a re-list)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        resource: Resource,
+        namespace: str | None,
+        on_change: OnChange,
+        label_selector: str | None = None,
+    ) -> None:
+        self.kube = kube
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.on_change = on_change
+        self.cache: dict[tuple[str, str], dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.cache.get((namespace, name))
+
+    def items(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [o for (ns, _), o in self.cache.items() if namespace is None or ns == namespace]
+
+    def update(self, obj: dict[str, Any]) -> None:
+        """Put an object we just wrote into the cache, unless the cache has a newer one."""
+        key = key_of(obj)
+        old = self.cache.get(key)
+        if old is None or _rv(obj) >= _rv(old):
+            obj.setdefault("apiVersion", self.resource.api_version)
+            obj.setdefault("kind", self.resource.kind)
+            self.cache[key] = obj
+
+    async def _emit(self, type_: str, obj: dict[str, Any]) -> None:
+        result = self.on_change(type_, obj)
+        if result is not None:
+            await result
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                items, version = await self.kube.list_all(
+                    self.resource, self.namespace, self.label_selector
+                )
+                fresh = {key_of(o): o for o in items}
+                gone = [o for k, o in self.cache.items() if k not in fresh]
+                self.cache = fresh
+                for obj in gone:
+                    await self._emit("DELETED", obj)
+                for obj in items:
+                    await self._emit("SYNC", obj)
+                self.synced.set()
+                failures = 0
+                while True:
+                    async for type_, obj in self.kube.watch(
+                        self.resource, self.namespace, version, self.label_selector
+                    ):
+                        version = str((obj.get("metadata") or {}).get("resourceVersion", version))
+                        if type_ == "BOOKMARK":
+                            continue
+                        obj.setdefault("apiVersion", self.resource.api_version)
+                        obj.setdefault("kind", self.resource.kind)
+                        key = key_of(obj)
+                        if type_ == "DELETED":
+                            self.cache.pop(key, None)
+                        else:
+                            self.cache[key] = obj
+                        await self._emit(type_, obj)
+                    # the server ended the watch (timeoutSeconds): resume where it stopped
+            except Gone:
+                log.info("watch of %s expired (410 Gone); listing again", self.resource.plural)
+            except KubeError as e:
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (1 + 0.2 * random.random())
+                log.warning("watch of %s failed (%s); again in %.1fs", self.resource.plural, e,
+                            delay)
+                await asyncio.sleep(delay)
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", 0))
+    except (TypeError, ValueError):
+        return 0

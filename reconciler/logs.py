@@ -1,0 +1,76 @@
+"""JSON-lines logs, and a logger that speaks of one object and can post it an Event.
+
+An operator reads a reconciler through two windows: its log and `kubectl describe`. The
+`ObjectLogger` writes to both at once (as kopf's does): every line carries the object's
+kind, namespace and name, and `event()` also posts a Kubernetes Event on the object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+# Posts (type, reason, message) about the object; given by the shell, which owns the API.
+EventPoster = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("httpx", "httpcore", "kr8s"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class ObjectLogger(logging.LoggerAdapter[logging.Logger]):
+    """Log lines about one object; `event` also posts a Kubernetes Event on it."""
+
+    def __init__(
+        self, logger: logging.Logger, body: Mapping[str, Any], poster: EventPoster | None = None
+    ) -> None:
+        meta = body.get("metadata") or {}
+        extra = {
+            "kind": body.get("kind"),
+            "namespace": meta.get("namespace"),
+            "name": meta.get("name"),
+        }
+        super().__init__(logger, extra)
+        self.body = body
+        self._poster = poster
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
+
+    async def event(self, type_: str, reason: str, message: str) -> None:
+        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        self.log(level, "%s: %s", reason, message, extra={"reason": reason})
+        if self._poster is not None:
+            try:
+                await self._poster(self.body, type_, reason, message)
+            except Exception as e:  # an Event is a courtesy: never fail a reconcile for it
+                self.warning("could not post Event %s: %s", reason, e)

@@ -1,0 +1,102 @@
+"""The reconciler's Prometheus metrics, on an injected registry.
+
+Every family in DESIGN.md "Metrics" for the reconciler lives on one object, built once at
+the entry point on the registry the metrics server serves (tests build a fresh one), so no
+collector can end up on a registry nothing exposes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "modelpool_"
+
+# A swap is seconds (a small model) to many minutes (a large cold load).
+_SWAP_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+_RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+PHASES = ("drain", "unload", "schedule", "load")
+
+
+class ReconcilerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.resident = Gauge(
+            PREFIX + "resident",
+            "1 for the member that holds its pool's slot, 0 for the other members.",
+            ["namespace", "pool", "member"],
+            registry=registry,
+        )
+        self.swaps_total = Counter(
+            PREFIX + "swaps_total",
+            "Completed swaps, by direction (from is empty for a cold load).",
+            ["namespace", "pool", "from", "to"],
+            registry=registry,
+        )
+        self.swap_duration_seconds = Histogram(
+            PREFIX + "swap_duration_seconds",
+            "Duration of a completed swap, from the request to the target being Ready.",
+            ["namespace", "pool"],
+            buckets=_SWAP_BUCKETS,
+            registry=registry,
+        )
+        self.swap_phase_duration_seconds = Histogram(
+            PREFIX + "swap_phase_duration_seconds",
+            "Duration of each phase of a completed swap: drain, unload, schedule, load.",
+            ["namespace", "pool", "phase"],
+            buckets=_SWAP_BUCKETS,
+            registry=registry,
+        )
+        self.swap_failures_total = Counter(
+            PREFIX + "swap_failures_total",
+            "Swaps that did not complete, by target member and reason.",
+            ["namespace", "pool", "member", "reason"],
+            registry=registry,
+        )
+        self.swap_deferrals_total = Counter(
+            PREFIX + "swap_deferrals_total",
+            "Times a swap was deferred, by reason (PodsBusy, MinResidency, IdleCheckFailed).",
+            ["namespace", "pool", "reason"],
+            registry=registry,
+        )
+        self.reconcile_total = Counter(
+            PREFIX + "reconcile_total",
+            "Reconciles, by kind and result (success, error).",
+            ["kind", "result"],
+            registry=registry,
+        )
+        self.reconcile_duration_seconds = Histogram(
+            PREFIX + "reconcile_duration_seconds",
+            "Duration of one reconcile of one object.",
+            ["kind"],
+            buckets=_RECONCILE_BUCKETS,
+            registry=registry,
+        )
+        self.api_writes_total = Counter(
+            PREFIX + "reconciler_api_writes_total",
+            "Writes the reconciler sent to the API server, by verb and resource.",
+            ["verb", "resource"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            PREFIX + "reconciler_queue_depth",
+            "Keys waiting in the work queue.",
+            registry=registry,
+        )
+        self.leader = Gauge(
+            PREFIX + "reconciler_leader",
+            "1 while this replica holds the leader Lease.",
+            registry=registry,
+        )
+
+    def set_resident(self, namespace: str, pool: str, members: Iterable[str],
+                     resident: str | None) -> None:
+        for member in members:
+            self.resident.labels(namespace, pool, member).set(1 if member == resident else 0)
+
+    def swap_done(self, namespace: str, pool: str, from_: str | None, to: str, duration: float,
+                  phases: Iterable[tuple[str, float]]) -> None:
+        self.swaps_total.labels(namespace, pool, from_ or "", to).inc()
+        self.swap_duration_seconds.labels(namespace, pool).observe(duration)
+        for phase, seconds in phases:
+            self.swap_phase_duration_seconds.labels(namespace, pool, phase).observe(seconds)
