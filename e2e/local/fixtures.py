@@ -42,7 +42,6 @@ DIRECTORY_TIERS = {
     REPO_ROOT / "tests" / "integration": "integration",
     REPO_ROOT / "e2e" / "tests": "e2e",
 }
-CLUSTER_FIXTURES = ("cluster", "kubeconfig", "kubectl", "api", "namespace")
 # Pod Security level enforced in each test namespace. `baseline` admits the model
 # servers' stock images (llama.cpp and vLLM run as root); it still refuses privileged pods.
 NAMESPACE_POD_SECURITY = "baseline"
@@ -65,7 +64,8 @@ def check_tiers(items: Sequence[pytest.Item]) -> None:
     offenders = [
         item.nodeid
         for item in items
-        if any(name in getattr(item, "fixturenames", ()) for name in CLUSTER_FIXTURES)
+        # Every cluster fixture requests `cluster`, so it is in the closure of any of them.
+        if "cluster" in getattr(item, "fixturenames", ())
         and not any(item.get_closest_marker(tier) for tier in CLUSTER_TIERS)
     ]
     if offenders:
