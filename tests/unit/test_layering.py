@@ -23,7 +23,9 @@ def _imports(path: Path) -> set[str]:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("package", "forbidden"), [("reconciler", "sidecar"), ("sidecar", "reconciler")])
+@pytest.mark.parametrize(
+    ("package", "forbidden"), [("reconciler", "sidecar"), ("sidecar", "reconciler")]
+)
 def test_packages_never_import_each_other(package: str, forbidden: str) -> None:
     offenders = [
         str(p.relative_to(ROOT))
