@@ -66,9 +66,11 @@ class FakeCluster:
             q.put_nowait(Changed(status))
         return status
 
-    def set_endpoints(self, service: str, *addresses: str, ready: bool = True) -> None:
+    def set_endpoints(
+        self, service: str, *addresses: str, ready: bool = True, port: int = 8080
+    ) -> None:
         s = EndpointSlice(
-            f"{service}-abc", service, 8080, tuple(Endpoint(a, ready) for a in addresses)
+            f"{service}-abc", service, port, tuple(Endpoint(a, ready) for a in addresses)
         )
         self.slices[s.name] = s
         for q in self._slice_watchers:

@@ -1,0 +1,137 @@
+"""The real proxy app in front of the real activation shell: what a client sees.
+
+The API server is the functional tests' `FakeCluster` (our own KubePort); the members are
+fake upstreams on loopback sockets. This pins the interface between the proxy and the
+activator: a held request answered once the member is resident, a refused hold as 503
+with Retry-After, and no run of stale 502s after the resident's pod dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.activation import Activation
+from sidecar.activator import PoolRequest
+from sidecar.app import Live, make_app
+from sidecar.config import RouterConfig
+from sidecar.metrics import RouterMetrics
+from tests.functional.proxy_support import FakeUpstream, serve_app
+from tests.functional.test_activation import FakeCluster, eventually, router_config
+
+pytestmark = pytest.mark.functional
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    def __init__(self, pools: FakeCluster, config: RouterConfig) -> None:
+        self.pools = pools
+        self.activation = Activation(
+            config, pools, RouterMetrics(CollectorRegistry(), "chat"), identity="demo/chat/a"
+        )
+        self.app = make_app(
+            Live(config), self.activation, RouterMetrics(CollectorRegistry(), "chat")
+        )
+        self.url = ""
+        self.session: aiohttp.ClientSession | None = None
+
+    async def post(self, model: str, **extra: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+        assert self.session is not None
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+        async with self.session.post(self.url + "/v1/chat/completions", json=body) as r:
+            return r.status, await r.json(), dict(r.headers)
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[tuple[FakeUpstream, str, FakeUpstream, str]]:
+    coder, gemma = FakeUpstream(), FakeUpstream()
+    async with serve_app(coder.app()) as coder_url, serve_app(gemma.app()) as gemma_url:
+        yield coder, coder_url, gemma, gemma_url
+
+
+@asynccontextmanager
+async def run_stack(stack: Stack) -> AsyncIterator[Stack]:
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(stack.activation.run())
+        try:
+            await eventually(stack.activation.ready)
+            async with serve_app(stack.app) as url, aiohttp.ClientSession() as session:
+                stack.url, stack.session = url, session
+                yield stack
+        finally:
+            task.cancel()
+
+
+async def test_a_held_request_is_answered_by_the_member_after_its_swap(
+    upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
+) -> None:
+    coder, coder_url, gemma, gemma_url = upstreams
+    pools = FakeCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
+    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    async with run_stack(Stack(pools, router_config(budget=10))) as stack:
+        status, _, _ = await stack.post("coder")
+        assert status == 200 and len(coder.received) == 1
+        held = asyncio.create_task(stack.post("gemma"))
+        await eventually(lambda: len(pools.requests_for("gemma")) == 1)
+        assert not held.done()
+        pools.set_endpoints("gemma", "127.0.0.1", port=port_of(gemma_url))
+        pools.set_pool("heavy", resident_member="gemma")
+        status, _, _ = await held
+        assert status == 200 and len(gemma.received) == 1
+
+
+async def test_past_the_budget_the_client_gets_503_with_retry_after(
+    upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
+) -> None:
+    _, coder_url, gemma, _ = upstreams
+    pools = FakeCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
+    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    async with run_stack(Stack(pools, router_config(budget=0.3))) as stack:
+        status, body, headers = await stack.post("gemma")
+        assert status == 503
+        assert int(headers["Retry-After"]) >= 1
+        assert body["error"]["code"] == "swap_budget_exceeded"
+        assert gemma.received == []
+
+
+async def test_no_run_of_stale_502s_after_the_resident_dies(
+    upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
+) -> None:
+    coder, coder_url, _, _ = upstreams
+    pools = FakeCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
+    # The resident's pod is gone; its EndpointSlice still names its address as ready.
+    pools.set_endpoints("coder", "127.0.0.1", port=closed_port())
+    async with run_stack(Stack(pools, router_config(budget=10))) as stack:
+        status, _, _ = await stack.post("coder")
+        assert status == 502  # the one request that finds out
+        # Every later request is held, not sent to the dead address, until a pod is ready.
+        later = [asyncio.create_task(stack.post("coder")) for _ in range(5)]
+        await asyncio.sleep(0.2)
+        assert not any(t.done() for t in later)
+        started = time.monotonic()
+        pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+        results = await asyncio.gather(*later)
+        assert [r[0] for r in results] == [200] * 5
+        assert time.monotonic() - started < 1.0
+        assert len(coder.received) == 5
