@@ -277,3 +277,44 @@ async def test_three_routers_ask_for_a_member_once(
         finally:
             for t in runs:
                 t.cancel()
+
+
+async def test_a_router_whose_waiters_all_left_withdraws_its_request(
+    client: KubeClient, namespace: str, pool: str
+) -> None:
+    config = router_config(namespace)
+    router = Activation(
+        config, client, RouterMetrics(CollectorRegistry(), "chat"), identity=f"{namespace}/a"
+    )
+    gemma = config.backend("gemma")
+    assert gemma is not None
+
+    async def hold() -> None:
+        async with router.acquire(gemma):
+            raise AssertionError("gemma is never resident in this test")
+
+    async def request() -> PoolRequest | None:
+        read = await client.get_pool(namespace, pool)
+        assert read is not None
+        return read.request
+
+    async def asked() -> bool:
+        return await request() == PoolRequest("gemma", 1, f"{namespace}/a")
+
+    async def withdrawn() -> bool:
+        return await request() == PoolRequest(None, 2, f"{namespace}/a")
+
+    async def ready() -> bool:
+        return router.ready()
+
+    async with asyncio.TaskGroup() as tg:
+        run = tg.create_task(router.run())
+        try:
+            await eventually(ready)
+            waiters = [tg.create_task(hold()) for _ in range(3)]
+            await eventually(asked)
+            for w in waiters:
+                w.cancel()
+            await eventually(withdrawn)
+        finally:
+            run.cancel()
