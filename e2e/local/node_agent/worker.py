@@ -324,8 +324,10 @@ class PodWorker:
                 continue
             if plan.kind == "empty":
                 directory.mkdir(parents=True, exist_ok=True)
-            elif files.write_atomically(directory, plan.files) and self.last_written:
-                self.log.info("volume %s updated", plan.name)
+            elif plan.kind == "files":
+                first = files.current_files(directory) is None
+                if files.write_atomically(directory, plan.files) and not first:
+                    self.log.info("volume %s updated", plan.name)
             volume_dirs[plan.name] = str(directory)
         default_token = next((t for s, t in self.tokens.items() if s.audience == ""), None)
         if default_token is not None:

@@ -1,0 +1,289 @@
+"""The local node agent against the real control plane: pods run as processes with the
+kubelet's env, volume, probe, restart and deletion rules (docs/contracts.md section 3).
+
+The processes are local, so a test reads what a process really got from /proc (its
+environment and argv) and the files its volumes became."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from e2e.local.fixtures import Kubectl
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def apply(kubectl: Kubectl, namespace: str, *objects: dict[str, Any]) -> None:
+    for obj in objects:
+        obj.setdefault("metadata", {})["namespace"] = namespace
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                  "items": list(objects)}))
+
+
+def get_pod(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    result = kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        return None
+    pod: dict[str, Any] = json.loads(result.stdout)
+    return pod
+
+
+def container_status(pod: dict[str, Any] | None, index: int = 0) -> dict[str, Any]:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+    return statuses[index] if len(statuses) > index else {}
+
+
+def is_ready(pod: dict[str, Any] | None) -> bool:
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def running_pid(kubectl: Kubectl, namespace: str, name: str) -> int:
+    def pid() -> int | None:
+        status = container_status(get_pod(kubectl, namespace, name))
+        if "running" in status.get("state", {}) and status.get("containerID"):
+            return int(str(status["containerID"]).removeprefix("local://"))
+        return None
+
+    return wait_for(f"pod {name} running", pid)
+
+
+def process_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def process_argv(pid: int) -> list[str]:
+    return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def fake_model_pod(name: str, *args: str, **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 10,
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "modelpool/fake-model:test",
+                    "args": ["--port", "8080", *args],
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                    **container,
+                }
+            ],
+        },
+    }
+
+
+def test_env_from_config_map_secret_and_field_refs(kubectl: Kubectl, namespace: str) -> None:
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+                  "data": {"LEVEL": "debug", "EXTRA": "from-env-from"}}
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+              "stringData": {"TOKEN": "s3cret"}}
+    field = {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
+        "NODE_NAME": "spec.nodeName",
+        "SA_NAME": "spec.serviceAccountName",
+    }
+    env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in field.items()]
+    env += [
+        {"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "LEVEL"}}},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "TOKEN"}}},
+        {"name": "URL", "value": "http://$(POD_IP):8080/$(POD_NAME)"},
+    ]
+    pod = fake_model_pod(
+        "envy", env=env, envFrom=[{"configMapRef": {"name": "settings"}, "prefix": "CM_"}],
+        resources={"limits": {"nvidia.com/gpu": 1}},
+    )
+    apply(kubectl, namespace, config_map, secret, pod)
+
+    got = process_env(running_pid(kubectl, namespace, "envy"))
+    status = get_pod(kubectl, namespace, "envy")
+    assert status is not None
+    pod_ip = status["status"]["podIP"]
+    assert pod_ip.startswith("127.") and pod_ip != "127.0.0.1"
+    assert got["POD_NAME"] == "envy"
+    assert got["POD_NAMESPACE"] == namespace
+    assert got["POD_IP"] == pod_ip
+    assert got["NODE_NAME"] == status["spec"]["nodeName"]
+    assert got["SA_NAME"] == "default"
+    assert got["LEVEL"] == "debug"
+    assert got["CM_EXTRA"] == "from-env-from"
+    assert got["TOKEN"] == "s3cret"
+    assert got["URL"] == f"http://{pod_ip}:8080/envy"
+    assert got["MODELPOOL_BIND_HOST"] == pod_ip
+    assert got["NVIDIA_VISIBLE_DEVICES"] == "0"
+    assert Path(got["MODELPOOL_GPU_LOCK_DIR"]).is_dir()
+    assert Path(got["KUBECONFIG"]).is_file()
+
+
+def test_config_map_volume_is_updated_in_place(kubectl: Kubectl, namespace: str) -> None:
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "router"},
+                  "data": {"config.json": '{"version": 1}'}}
+    pod = fake_model_pod(
+        "mounted", "--model", "/etc/modelpool/router/config.json",
+        volumeMounts=[{"name": "config", "mountPath": "/etc/modelpool/router"}],
+    )
+    pod["spec"]["volumes"] = [{"name": "config", "configMap": {"name": "router"}}]
+    apply(kubectl, namespace, config_map, pod)
+
+    argv = process_argv(running_pid(kubectl, namespace, "mounted"))
+    path = Path(argv[argv.index("--model") + 1])
+    assert path.name == "config.json"
+    assert not str(path).startswith("/etc/modelpool")
+    assert json.loads(path.read_text()) == {"version": 1}
+
+    kubectl("patch", "configmap", "router", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"data": {"config.json": '{"version": 2}'}}))
+    wait_for("the file to follow the ConfigMap",
+             lambda: json.loads(path.read_text()) == {"version": 2})
+
+
+def test_readiness_gates_the_ready_condition(kubectl: Kubectl, namespace: str) -> None:
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1}
+    apply(kubectl, namespace, fake_model_pod("slow", "--load-time", "4", readinessProbe=probe))
+    start = time.monotonic()
+
+    running = wait_for("the pod running", lambda: (
+        pod if (pod := get_pod(kubectl, namespace, "slow"))
+        and (pod.get("status") or {}).get("phase") == "Running" else None
+    ))
+    assert not is_ready(running), "ready before its readiness probe passed"
+    assert container_status(running)["ready"] is False
+
+    ready = wait_for("the pod ready", lambda: (
+        pod if is_ready(pod := get_pod(kubectl, namespace, "slow")) else None
+    ))
+    assert time.monotonic() - start >= 3.5
+    assert container_status(ready)["ready"] is True
+
+
+def test_exited_container_restarts_and_counts(kubectl: Kubectl, namespace: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "crasher"},
+        "spec": {
+            "restartPolicy": "OnFailure",
+            # The default ServiceAccount may not list secrets: the client exits 1.
+            "containers": [{"name": "client", "image": "modelpool/testbed-client",
+                            "args": ["list", "secrets"]}],
+        },
+    }
+    apply(kubectl, namespace, pod)
+
+    restarted = wait_for("a restart", lambda: (
+        status if (status := container_status(get_pod(kubectl, namespace, "crasher")))
+        .get("restartCount", 0) >= 1 else None
+    ), timeout=60)
+    assert restarted["lastState"]["terminated"]["exitCode"] == 1
+    pod_now = get_pod(kubectl, namespace, "crasher")
+    assert pod_now is not None
+    assert pod_now["status"]["phase"] in ("Running", "Pending")
+
+
+def test_deletion_keeps_the_pod_and_its_gpu_until_the_process_exits(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    gpu = {"limits": {"nvidia.com/gpu": 1}}
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1}
+    holder = fake_model_pod("holder", "--unload-time", "4", resources=gpu, readinessProbe=probe)
+    apply(kubectl, namespace, holder)
+    pid = running_pid(kubectl, namespace, "holder")
+    # Ready means the server is up and handles SIGTERM by unloading.
+    wait_for("the holder ready", lambda: is_ready(get_pod(kubectl, namespace, "holder")))
+    apply(kubectl, namespace, fake_model_pod("waiter", resources=gpu))
+
+    kubectl("delete", "pod", "holder", "-n", namespace, "--wait=false")
+    terminating = wait_for("the deletion to be seen", lambda: (
+        pod if (pod := get_pod(kubectl, namespace, "holder"))
+        and pod["metadata"].get("deletionTimestamp") else None
+    ))
+    assert terminating is not None
+    deleted_at = time.monotonic()
+    # While the holder unloads, its process lives, it keeps the GPU and the pod object stays.
+    while time.monotonic() - deleted_at < 2.5:
+        assert Path(f"/proc/{pid}").exists()
+        assert get_pod(kubectl, namespace, "holder") is not None
+        waiter = get_pod(kubectl, namespace, "waiter")
+        assert waiter is not None and waiter["status"].get("phase") == "Pending"
+        time.sleep(0.3)
+
+    wait_for("the holder pod gone", lambda: get_pod(kubectl, namespace, "holder") is None)
+    assert time.monotonic() - deleted_at >= 3.0
+    assert not Path(f"/proc/{pid}").exists()
+    running_pid(kubectl, namespace, "waiter")
+
+
+def test_unknown_image_fails_the_pod_naming_the_image(kubectl: Kubectl, namespace: str) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mystery"},
+           "spec": {"containers": [{"name": "c", "image": "example.com/team/mystery:1.0"}]}}
+    apply(kubectl, namespace, pod)
+    failed = wait_for("the pod Failed", lambda: (
+        p if (p := get_pod(kubectl, namespace, "mystery"))
+        and (p.get("status") or {}).get("phase") == "Failed" else None
+    ))
+    assert failed["status"]["reason"] == "UnknownImage"
+    assert "example.com/team/mystery:1.0" in failed["status"]["message"]
+    waiting = container_status(failed)["state"]["waiting"]
+    assert waiting["reason"] == "UnknownImage"
+    assert "example.com/team/mystery:1.0" in waiting["message"]
+
+
+def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace: str) -> None:
+    rbac: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "pod-reader"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "pod-reader"},
+         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
+    ]
+
+    def client(name: str, *args: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"serviceAccountName": "reader", "restartPolicy": "Never",
+                         "containers": [{"name": "c", "image": "modelpool/testbed-client",
+                                         "args": list(args),
+                                         "terminationMessagePolicy": "FallbackToLogsOnError"}]}}
+
+    apply(kubectl, namespace, *rbac)
+    apply(kubectl, namespace, client("lists-pods", "list", "pods"),
+          client("lists-secrets", "list", "secrets"))
+
+    def phase(name: str) -> str | None:
+        pod = get_pod(kubectl, namespace, name)
+        value = ((pod or {}).get("status") or {}).get("phase")
+        return value if value in ("Succeeded", "Failed") else None
+
+    assert wait_for("the pods client to finish", lambda: phase("lists-pods")) == "Succeeded"
+    assert wait_for("the secrets client to finish", lambda: phase("lists-secrets")) == "Failed"
+    terminated = container_status(get_pod(kubectl, namespace, "lists-secrets"))["state"]
+    assert terminated["terminated"]["message"].strip() == "FORBIDDEN"
