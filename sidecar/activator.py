@@ -295,6 +295,8 @@ def next_wakeup(state: PoolState, now: float) -> float | None:
 
 def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
     actions: list[Action] = []
+    if state.write_retry_at is not None and now >= state.write_retry_at:
+        state = replace(state, write_retry_at=None)  # the write backoff is over
     state = _apply(state, event, now, actions)
     state = _expire(state, now, actions)
     state = _admit(state, now, actions)
@@ -310,8 +312,6 @@ def _apply(state: PoolState, event: Event, now: float, actions: list[Action]) ->
             queue = state.queues.get(member, ())
             return _with_queue(state, member, tuple(w for w in queue if w.id != wid))
         case Tick():
-            if state.write_retry_at is not None and now >= state.write_retry_at:
-                return replace(state, write_retry_at=None)
             return state
         case PoolObserved(status=status):
             return _observe(state, status, now, actions)

@@ -270,6 +270,18 @@ CASES = [
         [cas("gemma", 4, req("coder", 3), 10), cas("gemma", 4, req("coder", 3), 10)],
         held=[1],
     ),
+    Case(
+        "after the backoff any event may write again",
+        pool(),
+        [
+            (0, Arrive(1, "gemma")),
+            (1, WriteFailed()),
+            (1.2, Arrive(2, "gemma")),
+            (2, Arrive(3, "gemma")),
+        ],
+        [cas("gemma", 4, req("coder", 3), 10), cas("gemma", 4, req("coder", 3), 10)],
+        held=[1, 2, 3],
+    ),
     # --- hold budget and cap ---
     Case(
         "past swapBudget a held request fails, and our unserved request is withdrawn",
