@@ -144,7 +144,7 @@ def test_crd_names_columns_and_status(
     assert crd["metadata"]["name"] == f"{plural}.modelpool.dev"
     names = crd["spec"]["names"]
     assert (names["kind"], names["plural"], names["shortNames"]) == (kind, plural, [short])
-    assert names["categories"] == ["modelpool"]
+    assert names["categories"] == ["modelpool-all"]
     assert crd["spec"]["scope"] == "Namespaced"
     version = _version(plural)
     assert version["subresources"] == {"status": {}}

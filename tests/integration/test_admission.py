@@ -1,0 +1,450 @@
+"""Admission against the real API server: the CRDs' schemas and CEL rules reject bad specs
+with a message naming the field and create nothing; good specs are defaulted as
+reconciler/spec.py assumes; the install passes a server-side dry run; and what the
+reconciler renders is valid and passes the `restricted` Pod Security level."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.local.controlplane import LocalCluster
+from e2e.local.fixtures import Kubectl
+from reconciler.render import Renderer
+from tests.unit.test_render_cases import CHAT, EMBED, GEMMA, POOL, QWEN, SERVERS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "manifests" / "crds"
+KINDS = "modelservers.modelpool.dev,modelpools.modelpool.dev,modelrouters.modelpool.dev"
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: LocalCluster) -> Iterator[None]:
+    kubectl = Kubectl(
+        cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir / "kubectl")
+    )
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+    for name in KINDS.split(","):
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    yield
+
+
+def _obj(kind: str, name: str, spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+_SERVER = {"image": "ghcr.io/ggml-org/llama.cpp:server-cuda", "model": "/models/m.gguf"}
+_MEMBERS = [{"name": "a"}, {"name": "b"}]
+_URL = {"name": "a", "url": "http://10.0.0.9:8000"}
+
+# (id, manifest, what the error must say: the field path and, for CEL, the rule's message)
+INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    # ModelPool: CEL rules
+    (
+        "pool-default-not-a-member",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "default": "c"}),
+        ("spec.default", "must name one of spec.members"),
+    ),
+    (
+        "pool-members-not-unique",
+        _obj("ModelPool", "p", {"members": [{"name": "a"}, {"name": "a"}]}),
+        ("spec.members", "names must be unique"),
+    ),
+    (
+        "pool-swap-budget-zero",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "swapBudget": "0s"}),
+        ("spec.swapBudget", "positive duration"),
+    ),
+    (
+        "pool-min-residency-zero",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "minResidency": "0ms"}),
+        ("spec.minResidency", "positive duration"),
+    ),
+    (
+        "pool-max-wait-not-a-duration",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "maxWait": "5 minutes"}),
+        ("spec.maxWait", "should match"),
+    ),
+    (
+        "pool-reclaim-after-negative",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "reclaimAfter": "-1s"}),
+        ("spec.reclaimAfter",),
+    ),
+    (
+        "pool-fair-without-max-wait",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "swapPolicy": "fair"}),
+        ("spec.maxWait", "required when spec.swapPolicy is fair"),
+    ),
+    (
+        "pool-reclaim-without-default",
+        _obj(
+            "ModelPool", "p", {"members": _MEMBERS, "swapPolicy": "reclaim", "reclaimAfter": "10m"}
+        ),
+        ("spec.reclaimAfter", "spec.default and spec.reclaimAfter are required"),
+    ),
+    # ModelPool: schema
+    ("pool-no-members", _obj("ModelPool", "p", {"members": []}), ("spec.members", "at least 1")),
+    (
+        "pool-members-missing",
+        _obj("ModelPool", "p", {"default": "a"}),
+        ("spec.members", "Required value"),
+    ),
+    (
+        "pool-policy-unknown",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "swapPolicy": "random"}),
+        ("spec.swapPolicy", "Unsupported value"),
+    ),
+    (
+        "pool-members-wrong-type",
+        _obj("ModelPool", "p", {"members": "a,b"}),
+        ("spec.members", "must be of type array"),
+    ),
+    (
+        "pool-priority-wrong-type",
+        _obj("ModelPool", "p", {"members": [{"name": "a", "priority": "high"}]}),
+        ("spec.members[0].priority", "must be of type integer"),
+    ),
+    (
+        "pool-member-without-name",
+        _obj("ModelPool", "p", {"members": [{"priority": 1}]}),
+        ("spec.members[0].name", "Required value"),
+    ),
+    # ModelServer
+    (
+        "server-port-too-high",
+        _obj("ModelServer", "s", {**_SERVER, "port": 70000}),
+        ("spec.port", "between 1 and 65535"),
+    ),
+    (
+        "server-port-zero",
+        _obj("ModelServer", "s", {**_SERVER, "port": 0}),
+        ("spec.port", "between 1 and 65535"),
+    ),
+    (
+        "server-port-wrong-type",
+        _obj("ModelServer", "s", {**_SERVER, "port": "http"}),
+        ("spec.port", "must be of type integer"),
+    ),
+    (
+        "server-image-missing",
+        _obj("ModelServer", "s", {"model": "/m.gguf"}),
+        ("spec.image", "Required value"),
+    ),
+    (
+        "server-vllm-without-model",
+        _obj("ModelServer", "s", {"runtime": "vllm", "image": "vllm/vllm-openai:v0.11.0"}),
+        ("spec.model", "required for the llamacpp and vllm runtimes"),
+    ),
+    (
+        "server-runtime-unknown",
+        _obj("ModelServer", "s", {**_SERVER, "runtime": "ollama"}),
+        ("spec.runtime", "Unsupported value"),
+    ),
+    (
+        "server-storage-both",
+        _obj("ModelServer", "s", {**_SERVER, "storage": {"pvc": "w", "hostPath": "/w"}}),
+        ("spec.storage", "exactly one of pvc and hostPath"),
+    ),
+    (
+        "server-gpu-negative",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"gpu": -1}}),
+        ("spec.resources.gpu",),
+    ),
+    (
+        "server-name-not-a-label",
+        _obj("ModelServer", "9-lives", _SERVER),
+        ("metadata.name", "DNS-1035 label"),
+    ),
+    (
+        "server-args-wrong-type",
+        _obj("ModelServer", "s", {**_SERVER, "args": "--ctx-size 4096"}),
+        ("spec.args", "must be of type array"),
+    ),
+    # ModelRouter
+    (
+        "router-backend-both",
+        _obj("ModelRouter", "r", {"backends": [{**_URL, "modelServerRef": {"name": "s"}}]}),
+        ("spec.backends[0]", "exactly one of modelServerRef and url"),
+    ),
+    (
+        "router-backend-neither",
+        _obj("ModelRouter", "r", {"backends": [{"name": "a"}]}),
+        ("spec.backends[0]", "exactly one of modelServerRef and url"),
+    ),
+    (
+        "router-backend-names-not-unique",
+        _obj("ModelRouter", "r", {"backends": [_URL, _URL]}),
+        ("spec.backends", "names must be unique"),
+    ),
+    (
+        "router-default-route-unknown",
+        _obj("ModelRouter", "r", {"backends": [_URL], "defaultRoute": "b"}),
+        ("spec.defaultRoute", "must name one of spec.backends"),
+    ),
+    (
+        "router-static-without-default",
+        _obj("ModelRouter", "r", {"backends": [_URL], "routeStrategy": "Static"}),
+        ("spec.defaultRoute", "required when spec.routeStrategy is Static"),
+    ),
+    (
+        "router-proxy-port-out-of-range",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"port": 65536}}),
+        ("spec.proxy.port", "between 1 and 65535"),
+    ),
+    (
+        "router-timeout-zero",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"responseHeaderTimeout": "0s"}}),
+        ("spec.proxy.responseHeaderTimeout", "positive duration"),
+    ),
+    (
+        "router-backends-missing",
+        _obj("ModelRouter", "r", {"defaultRoute": "a"}),
+        ("spec.backends", "Required value"),
+    ),
+    (
+        "router-max-held-zero",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"maxHeldRequests": 0}}),
+        ("spec.proxy.maxHeldRequests",),
+    ),
+    (
+        "router-url-not-http",
+        _obj("ModelRouter", "r", {"backends": [{"name": "a", "url": "10.0.0.9:8000"}]}),
+        ("spec.backends[0].url", "should match"),
+    ),
+]
+
+
+def test_at_least_twelve_invalid_manifests() -> None:
+    assert len(INVALID) >= 12
+    assert len({case[0] for case in INVALID}) == len(INVALID)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "expected"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID]
+)
+def test_invalid_manifest_is_rejected_naming_the_field(
+    crds: None,
+    kubectl: Kubectl,
+    namespace: str,
+    manifest: dict[str, Any],
+    expected: tuple[str, ...],
+) -> None:
+    result = kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert "is invalid" in result.stderr, result.stderr
+    for text in expected:
+        assert text in result.stderr, f"{text!r} not in {result.stderr!r}"
+    created = kubectl("get", KINDS, "-n", namespace, "-o", "name").stdout.strip()
+    assert created == ""
+
+
+def test_valid_objects_get_the_defaults_spec_py_assumes(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    objects = [
+        _obj("ModelServer", "s", _SERVER),
+        _obj("ModelPool", "p", {"members": _MEMBERS}),
+        _obj("ModelRouter", "r", {"backends": [_URL]}),
+    ]
+    kubectl(
+        "create",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )
+    server = kubectl.json("get", "modelserver", "s", "-n", namespace)["spec"]
+    assert server["runtime"] == "llamacpp" and server["port"] == 8080 and server["replicas"] == 1
+    assert server["resources"] == {"gpu": 1, "gpuResource": "nvidia.com/gpu"}
+    pool = kubectl.json("get", "modelpool", "p", "-n", namespace)["spec"]
+    assert (pool["swapPolicy"], pool["swapBudget"]) == ("sticky", "300s")
+    assert pool["members"] == [{"name": "a", "priority": 0}, {"name": "b", "priority": 0}]
+    router = kubectl.json("get", "modelrouter", "r", "-n", namespace)["spec"]
+    assert router["routeStrategy"] == "BackendNameMatch"
+    assert router["proxy"] == {
+        "replicas": 1,
+        "image": "modelpool/router:0.1.0",
+        "port": 8080,
+        "responseHeaderTimeout": "600s",
+        "maxHeldRequests": 1000,
+    }
+    names = kubectl("get", "mpool,ms,mrouter", "-n", namespace, "-o", "name").stdout.split()
+    assert sorted(names) == sorted(
+        ["modelpool.modelpool.dev/p", "modelserver.modelpool.dev/s", "modelrouter.modelpool.dev/r"]
+    )
+    columns = kubectl("get", "mpool", "p", "-n", namespace).stdout.split("\n")[0].split()
+    assert columns == ["NAME", "RESIDENT", "PHASE", "POLICY", "AGE"]
+    # the singular name is not shadowed by a category
+    assert kubectl("get", "modelpool", "p", "-n", namespace, "-o", "name").stdout.strip() == (
+        "modelpool.modelpool.dev/p"
+    )
+    in_category = kubectl("get", "modelpool-all", "-n", namespace, "-o", "name").stdout.split()
+    assert sorted(in_category) == sorted(names)
+
+
+def _patch_status(kubectl: Kubectl, namespace: str, patch: list[dict[str, Any]]) -> Any:
+    return kubectl(
+        "patch",
+        "modelpool",
+        "p",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        json.dumps(patch),
+        check=False,
+    )
+
+
+def test_pool_status_request_follows_the_contract(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    kubectl(
+        "create",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps(_obj("ModelPool", "p", {"members": _MEMBERS})),
+    )
+    request: dict[str, Any] = {
+        "member": "a",
+        "generation": 1,
+        "requestedAt": "2026-11-30T10:00:05Z",
+        "requestedBy": f"{namespace}/chat/chat-router-abc",
+    }
+    ok = _patch_status(
+        kubectl, namespace, [{"op": "add", "path": "/status", "value": {"request": request}}]
+    )
+    assert ok.returncode == 0, ok.stderr
+    withdraw: list[dict[str, Any]] = [
+        {"op": "test", "path": "/status/request/generation", "value": 1},
+        {
+            "op": "replace",
+            "path": "/status/request",
+            "value": {**request, "member": None, "generation": 2},
+        },
+    ]
+    ok = _patch_status(kubectl, namespace, withdraw)
+    assert ok.returncode == 0, ok.stderr
+    status = kubectl.json("get", "modelpool", "p", "-n", namespace)["status"]
+    assert status["request"] == {**request, "member": None, "generation": 2}
+    stale = _patch_status(kubectl, namespace, withdraw)  # generation is 2 now: the test fails
+    assert stale.returncode != 0
+    bad = _patch_status(
+        kubectl,
+        namespace,
+        [{"op": "replace", "path": "/status/request/generation", "value": "three"}],
+    )
+    assert bad.returncode != 0 and "status.request.generation" in bad.stderr, bad.stderr
+    phase = _patch_status(
+        kubectl, namespace, [{"op": "add", "path": "/status/phase", "value": "Busy"}]
+    )
+    assert phase.returncode != 0 and "status.phase" in phase.stderr, phase.stderr
+
+
+def test_install_passes_a_server_side_dry_run(crds: None, kubectl: Kubectl) -> None:
+    # Namespaced objects can only be dry-run into a namespace that exists; the base's own
+    # Namespace is applied for real first, as the first apply of the install would.
+    kubectl("apply", "--server-side", "-f", str(ROOT / "manifests" / "namespace.yaml"))
+    result = kubectl("apply", "--server-side", "--dry-run=server", "-k", str(ROOT))
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 11, result.stdout
+    assert all(line.endswith("(server dry run)") for line in lines), result.stdout
+
+
+def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"]["namespace"] = namespace
+    for subject in obj.get("subjects", []):
+        subject["namespace"] = namespace
+    return obj
+
+
+def test_rendered_objects_are_accepted(crds: None, kubectl: Kubectl, namespace: str) -> None:
+    renderer = Renderer()
+    objects = [
+        *renderer.model_server(GEMMA, replicas=1, owner_uid=None, pool="gpu0"),
+        *renderer.model_server(QWEN, replicas=0, owner_uid=None, pool="gpu0"),
+        *renderer.model_server(EMBED, replicas=2, owner_uid=None),
+        *renderer.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None),
+    ]
+    text = yaml.safe_dump_all([_in_namespace(o, namespace) for o in objects])
+    result = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=text)
+    assert result.stdout.count("(server dry run)") == len(objects), result.stdout
+
+
+def _pod(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:
+    template = deployment["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": deployment["metadata"]["name"],
+            "namespace": namespace,
+            "labels": template["metadata"]["labels"],
+        },
+        "spec": template["spec"],
+    }
+
+
+def test_rendered_pods_pass_the_restricted_level(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    kubectl(
+        "label",
+        "namespace",
+        namespace,
+        "--overwrite",
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+    renderer = Renderer()
+    router = renderer.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None)
+    (account,) = [o for o in router if o["kind"] == "ServiceAccount"]
+    kubectl("create", "-f", "-", input=json.dumps(_in_namespace(account, namespace)))
+    deployments = [
+        o
+        for o in (
+            *renderer.model_server(QWEN, replicas=1, owner_uid=None),
+            *renderer.model_server(EMBED, replicas=1, owner_uid=None),
+            *router,
+        )
+        if o["kind"] == "Deployment"
+    ]
+    assert len(deployments) == 3
+    for deploy in deployments:
+        pod = json.dumps(_pod(deploy, namespace))
+        result = kubectl("create", "--dry-run=server", "-f", "-", input=pod, check=False)
+        assert result.returncode == 0, f"{deploy['metadata']['name']}: {result.stderr}"
+    # The control: a hostPath volume (GEMMA's weights) is refused at this level.
+    (hostpath,) = [
+        o
+        for o in renderer.model_server(GEMMA, replicas=1, owner_uid=None)
+        if o["kind"] == "Deployment"
+    ]
+    refused = kubectl(
+        "create",
+        "--dry-run=server",
+        "-f",
+        "-",
+        input=json.dumps(_pod(hostpath, namespace)),
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "restricted" in refused.stderr and "hostPath" in refused.stderr, refused.stderr
