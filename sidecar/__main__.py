@@ -32,6 +32,8 @@ from sidecar.settings import Settings, from_args
 
 logger = logging.getLogger("sidecar")
 
+API_BACKLOG = 2048
+
 ActivationFactory = Callable[[RouterConfig, RouterMetrics, Settings], Awaitable[Activation[Any]]]
 
 
@@ -118,7 +120,8 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
                 ),
             ]
             await api.setup()
-            api_site = web.TCPSite(api, listen.host, listen.port)
+            # Thousands of clients may connect at once (held during a swap).
+            api_site = web.TCPSite(api, listen.host, listen.port, backlog=API_BACKLOG)
             await api_site.start()
             await health.setup()
             await web.TCPSite(health, listen.host, listen.metrics_port).start()

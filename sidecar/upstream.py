@@ -17,6 +17,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 logger = logging.getLogger(__name__)
 
+MAX_CONNECTIONS_PER_ENDPOINT = 1024
+
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones.
@@ -53,8 +55,10 @@ def session_context(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession(
-            # A proxy must not cap concurrency below the model servers' own limits.
-            connector=aiohttp.TCPConnector(limit=0),
+            # No cap overall; per endpoint, far above any model server's parallel slots,
+            # but low enough that thousands of held requests released at once by a swap
+            # queue here for a connection instead of exhausting file descriptors.
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=MAX_CONNECTIONS_PER_ENDPOINT),
             # The default 300 s total would cut long generations; reads are bounded per call.
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
             # Pass bytes as they are: the client negotiated the encoding, not us.
