@@ -378,7 +378,8 @@ def _arrive(
             )
         )
         return state
-    return _with_queue(state, member, (*state.queues.get(member, ()), waiter))
+    # Concatenation copies at memcpy speed; unpacking is several times slower at 10k held.
+    return _with_queue(state, member, state.queues.get(member, ()) + (waiter,))  # noqa: RUF005
 
 
 def _observe(
