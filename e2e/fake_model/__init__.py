@@ -11,7 +11,10 @@ docs/contracts.md section 4:
   (``/models/qwen.gguf`` serves ``qwen``), unless ``--served-model-name`` or ``--alias``
   / ``-a`` names it. vLLM's positional form (``serve MODEL`` or a leading ``MODEL``) works.
 - ``--load-time`` seconds (default 0, env ``FAKE_MODEL_LOAD_TIME``): ``/health`` answers 503
-  ``{"status": "loading"}`` and completions answer 503 until it has passed.
+  ``{"status": "loading"}`` and completions answer 503 until it has passed. It counts from
+  the process's start (read from /proc), so the interpreter's own start-up is part of it
+  and the server is ready ``load-time`` seconds after exec (or as soon as it listens, if
+  that takes longer).
 - ``--tokens-per-second`` (default 50, env ``FAKE_MODEL_TOKENS_PER_SECOND``): the pace of
   generated tokens, streamed or not.
 - ``--max-tokens-default`` (16): tokens generated when a request gives no ``max_tokens``.
@@ -32,7 +35,8 @@ docs/contracts.md section 4:
   ``llamacpp:requests_deferred`` in llamacpp mode, ``fake_model_requests_running`` and
   ``fake_model_requests_waiting`` in openai mode.
 - SIGTERM (or SIGINT): stop accepting connections, finish the requests in flight, wait the
-  unload time, release the GPU lock, exit 0.
+  unload time, release the GPU lock, exit 0. Other exit codes: 2 bad settings, 3 GPU in
+  use, 4 cannot bind.
 
 Flags it does not know are accepted and ignored, so ``llama-server`` and vLLM command lines
 pass unchanged. Responses name the served id as ``model`` whatever the request asked for,

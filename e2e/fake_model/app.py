@@ -72,13 +72,18 @@ class ServerState:
         self.loaded = False
         self.slots = SlotTable(settings.parallel)
 
-    async def load(self) -> None:
-        """Pretend to load the weights; with ``fail_load`` the load never ends."""
-        logger.info("loading %s for %.1fs", self.settings.model_id, self.settings.load_time)
+    async def load(self, already_spent: float = 0.0) -> None:
+        """Pretend to load the weights; with ``fail_load`` the load never ends.
+
+        ``already_spent`` is the time the process took to start: the load time counts from
+        the process's start, so a server with ``--load-time 5`` is ready 5 s after exec
+        whatever its imports cost, and a benchmark can subtract exactly the load time."""
+        remaining = max(0.0, self.settings.load_time - already_spent)
+        logger.info("loading %s for %.2fs", self.settings.model_id, remaining)
         if self.settings.fail_load:
             logger.warning("FAKE_MODEL_FAIL_LOAD is set: this server will never be ready")
             await asyncio.Event().wait()
-        await asyncio.sleep(self.settings.load_time)
+        await asyncio.sleep(remaining)
         self.loaded = True
         logger.info("%s loaded, ready", self.settings.model_id)
 

@@ -3,7 +3,7 @@ GPU locks, serve until SIGTERM, then drain in-flight requests, wait the unload t
 release the GPU.
 
 Exit codes: 0 after a clean shutdown, 2 for a bad command line or environment, 3 when a GPU
-is already held by another server.
+is already held by another server, 4 when the address cannot be bound.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from aiohttp import web
 
@@ -25,14 +27,29 @@ logger = logging.getLogger(__name__)
 
 EXIT_BAD_SETTINGS = 2
 EXIT_GPU_IN_USE = 3
+EXIT_CANNOT_LISTEN = 4
 # Longest a SIGTERM waits for in-flight generations; the kubelet's grace period is the
 # real bound.
 DRAIN_TIMEOUT_SECONDS = 600.0
 
 
-async def serve(settings: Settings) -> None:
+def seconds_since_exec() -> float:
+    """How long ago this process started, from /proc (Linux); 0 where that is unknown."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        # Field 22 (starttime, in clock ticks since boot) counted after the ")" that ends
+        # the command name, which may itself hold spaces.
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        ticks_per_second = os.sysconf("SC_CLK_TCK")
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+    return max(0.0, now - start_ticks / ticks_per_second)
+
+
+async def serve(settings: Settings, already_spent: float = 0.0) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting, finish what is in flight and
-    wait the unload time."""
+    wait the unload time. ``already_spent`` is how long the process took to get here."""
     state = ServerState(settings)
     runner = web.AppRunner(
         build_app(state), handle_signals=False, shutdown_timeout=DRAIN_TIMEOUT_SECONDS
@@ -53,7 +70,7 @@ async def serve(settings: Settings) -> None:
             settings.port,
         )
         async with asyncio.TaskGroup() as group:
-            loading = group.create_task(state.load())
+            loading = group.create_task(state.load(already_spent))
             await stop.wait()
             loading.cancel()
         logger.info("stopping: finishing in-flight requests")
@@ -86,10 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if locks is not None:
             locks.acquire()
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, seconds_since_exec()))
     except GpuInUseError as e:
         logger.error("%s", e)
         return EXIT_GPU_IN_USE
+    except OSError as e:
+        logger.error("cannot serve on %s:%s: %s", settings.host, settings.port, e)
+        return EXIT_CANNOT_LISTEN
     finally:
         if locks is not None:
             locks.release()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,9 +18,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.fake_model.gpu_lock import GpuInUseError, GpuLocks
 from e2e.fake_model.harness import (
     POLL_INTERVAL_SECONDS,
+    REPO_ROOT,
     FakeModelProcess,
+    child_environment,
     run_fake_model,
     start_fake_model,
 )
@@ -71,9 +76,11 @@ async def _poll(condition: Any, what: str, limit: float = 10.0) -> None:
 async def test_health_answers_503_while_loading_then_200(
     tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
+    # Long enough that the server listens before it has passed, even when the interpreter
+    # takes seconds to start on a busy machine.
     spawned = time.monotonic()
     async with run_fake_model(
-        "--load-time", "2", log_path=tmp_path / "fake.log", wait_ready=False
+        "--load-time", "5", log_path=tmp_path / "fake.log", wait_ready=False
     ) as server:
         assert await server.wait_for_health({200, 503}) == 503
         async with session.get(f"{server.base_url}/health") as response:
@@ -87,7 +94,9 @@ async def test_health_answers_503_while_loading_then_200(
             assert raised.value.status_code == 503
 
             await server.wait_ready()
-            assert time.monotonic() - spawned >= 2.0
+            assert time.monotonic() - spawned >= 5.0
+            # The load time counts from exec: the interpreter's start-up was part of it.
+            assert re.search(r"loading fake-model for [0-4]\.\d+s", server.log())
             reply = await client.chat.completions.create(
                 model="any", messages=[{"role": "user", "content": "hi"}]
             )
@@ -299,20 +308,21 @@ async def test_a_second_server_on_a_held_gpu_exits_with_an_error(tmp_path: Path)
 
 
 async def test_gpu_lock_is_held_through_the_unload_time(tmp_path: Path) -> None:
-    locks = {"NVIDIA_VISIBLE_DEVICES": "0", "MODELPOOL_GPU_LOCK_DIR": str(tmp_path / "locks")}
-    slow = {**locks, "FAKE_MODEL_UNLOAD_TIME": "3"}
-    first = await start_fake_model(log_path=tmp_path / "first.log", env=slow)
-    try:
-        await first.wait_ready()
+    lock_dir = tmp_path / "locks"
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": "0",
+        "MODELPOOL_GPU_LOCK_DIR": str(lock_dir),
+        "FAKE_MODEL_UNLOAD_TIME": "2",
+    }
+    async with run_fake_model(log_path=tmp_path / "fake.log", env=env) as server:
         signalled = time.monotonic()
-        first.send_signal()
-        second = await start_fake_model(log_path=tmp_path / "second.log", env=locks)
-        assert await second.wait_exit() == 3
-        assert await first.wait_exit() == 0
-        assert time.monotonic() - signalled >= 3.0
-    finally:
-        await first.stop()
-    async with run_fake_model(log_path=tmp_path / "third.log", env=locks):
+        server.send_signal()
+        # Probed from this process, so no child's start-up time races the unload.
+        with pytest.raises(GpuInUseError):
+            GpuLocks(lock_dir, ["0"]).acquire()
+        assert await server.wait_exit() == 0
+        assert time.monotonic() - signalled >= 2.0
+    with GpuLocks(lock_dir, ["0"]):
         pass
 
 
@@ -347,7 +357,7 @@ async def test_sigterm_finishes_the_stream_in_flight(
             stream = await client.chat.completions.create(
                 model="any",
                 messages=[{"role": "user", "content": "hi"}],
-                max_tokens=20,
+                max_tokens=40,
                 stream=True,
             )
             pieces: list[str] = []
@@ -365,7 +375,45 @@ async def test_sigterm_finishes_the_stream_in_flight(
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     pieces.append(chunk.choices[0].delta.content)
-        assert "".join(pieces) == text_of(20)
+        assert "".join(pieces) == text_of(40)
         assert await server.wait_exit() == 0
     finally:
         await server.stop()
+
+
+async def test_a_client_that_goes_away_frees_its_slot(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    async with run_fake_model(
+        "--mode", "llamacpp", "-np", "1", "--tokens-per-second", "20",
+        log_path=tmp_path / "fake.log",
+    ) as server:  # fmt: skip
+        url = f"{server.base_url}/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": True}
+        async with session.post(url, json=body) as response:
+            assert response.status == 200
+            await response.content.readline()
+            response.close()
+
+        async def idle() -> bool:
+            slots = await _get_json(session, f"{server.base_url}/slots")
+            return not any(slot["is_processing"] for slot in slots)
+
+        # 200 tokens at 20/s would hold the slot for 10 s; the slot frees long before.
+        await _poll(idle, "the abandoned stream's slot is free", limit=3.0)
+        assert "client went away" in server.log()
+
+
+async def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    async with run_fake_model(log_path=tmp_path / "first.log") as first:
+        second = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "e2e.fake_model", "--port", str(first.port),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=child_environment(None, first.host),
+            cwd=REPO_ROOT,
+        )  # fmt: skip
+        async with asyncio.timeout(30):
+            _, stderr = await second.communicate()
+    assert second.returncode == 4
+    assert f"cannot serve on 127.0.0.1:{first.port}" in stderr.decode()
