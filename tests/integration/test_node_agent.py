@@ -287,3 +287,17 @@ def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace
     assert wait_for("the secrets client to finish", lambda: phase("lists-secrets")) == "Failed"
     terminated = container_status(get_pod(kubectl, namespace, "lists-secrets"))["state"]
     assert terminated["terminated"]["message"].strip() == "FORBIDDEN"
+
+
+def test_failed_liveness_probe_restarts_the_container(kubectl: Kubectl, namespace: str) -> None:
+    probe = {"httpGet": {"path": "/no-such-path", "port": 8080}, "periodSeconds": 1,
+             "failureThreshold": 2, "initialDelaySeconds": 1}
+    apply(kubectl, namespace, fake_model_pod("unwell", livenessProbe=probe))
+    first = running_pid(kubectl, namespace, "unwell")
+
+    restarted = wait_for("a liveness restart", lambda: (
+        status if (status := container_status(get_pod(kubectl, namespace, "unwell")))
+        .get("restartCount", 0) >= 1 and "running" in status.get("state", {}) else None
+    ), timeout=60)
+    assert "terminated" in restarted["lastState"]
+    assert restarted["containerID"] != f"local://{first}"
