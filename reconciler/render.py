@@ -27,6 +27,10 @@ from reconciler.router_config import (
 from reconciler.spec import API_VERSION, ModelPoolSpec, ModelRouterSpec, ModelServerSpec
 
 __all__ = [
+    "CONFIG_HASH_ANNOTATION",
+    "LABEL_POOL",
+    "LABEL_ROUTER",
+    "LABEL_SERVER",
     "MANAGED_BY",
     "PART_OF",
     "ROUTER_KINDS",
