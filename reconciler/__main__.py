@@ -44,18 +44,21 @@ async def _supervised(name: str, work: Coroutine[Any, Any, None]) -> None:
     raise RuntimeError(f"{name} stopped unexpectedly")
 
 
-async def run(settings: Settings, registry: CollectorRegistry | None = None,
-              stop: asyncio.Event | None = None) -> None:
-    """The reconciler until `stop` is set (or a signal arrives)."""
+async def run(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """The reconciler until `stop` is set, or SIGTERM/SIGINT when `handle_signals`
+    (tests running it in-process leave the signals to pytest)."""
     registry = registry or CollectorRegistry()
     metrics = ReconcilerMetrics(registry)
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+    if handle_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        except (RuntimeError, ValueError):  # not the main thread (tests run us in-process)
-            break
     kube = await Kube.connect(settings.kubeconfig)
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
     async with aiohttp.ClientSession() as session:

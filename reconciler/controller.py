@@ -511,11 +511,18 @@ class Controller:
             actions += more
         self.pool_states[key] = state
         logger = self._logger(body)
+        # Metrics first: whoever sees the new status must find them already counted.
+        recorded = (s.RecordSwap, s.RecordFailure, s.RecordDeferral)
+        for action in actions:
+            if isinstance(action, recorded):
+                await self._execute(namespace, name, body, action, logger)
+        self.metrics.set_resident(namespace, name, config.members, state.resident)
+        # Then status (the intent, persisted), then the scaling, requests and Events.
         owned = pool_status.pool_status(state, status, now)
         await self._patch_status(self.pools, body, pool_status.status_patch(owned, status))
-        self.metrics.set_resident(namespace, name, config.members, state.resident)
         for action in actions:
-            await self._execute(namespace, name, body, action, logger)
+            if not isinstance(action, recorded):
+                await self._execute(namespace, name, body, action, logger)
         wake = s.next_wakeup(state)
         if wake is not None:
             self.queue.add_after(Key(POOL, namespace, name), max(0.0, wake - self.clock()))

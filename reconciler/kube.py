@@ -339,7 +339,7 @@ class Kube:
             "message": message[:1024],
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
-            "reportingInstance": instance,
+            "reportingInstance": instance or FIELD_MANAGER,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "eventTime": rfc3339_micro(now),

@@ -53,10 +53,10 @@ class ObjectLogger(logging.LoggerAdapter[logging.Logger]):
         self, logger: logging.Logger, body: Mapping[str, Any], poster: EventPoster | None = None
     ) -> None:
         meta = body.get("metadata") or {}
-        extra = {
-            "kind": body.get("kind"),
-            "namespace": meta.get("namespace"),
-            "name": meta.get("name"),
+        extra = {  # not "name": LogRecord has one
+            "object_kind": body.get("kind"),
+            "object_namespace": meta.get("namespace"),
+            "object_name": meta.get("name"),
         }
         super().__init__(logger, extra)
         self.body = body

@@ -18,7 +18,7 @@ class LeaderSettings:
     enabled: bool = False
     namespace: str = "modelpool-system"
     name: str = "modelpool-reconciler"
-    identity: str = ""
+    identity: str = "modelpool-reconciler"  # the pod name in a cluster
     lease_seconds: float = 15.0
     renew_seconds: float = 5.0
     retry_seconds: float = 2.0

@@ -1,0 +1,451 @@
+"""The reconciler against the real API server of the local cluster.
+
+The reconciler runs in-process, scoped to the test's namespace, with a fresh metrics
+registry; the node agent runs every member as the fake model server. Nothing of
+Kubernetes is faked: requests are written into a pool's status by compare-and-swap, as a
+router would, and every assertion reads the API server (or the reconciler's /metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import kr8s.asyncio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from reconciler.__main__ import run
+from reconciler.kube import MODEL_POOLS, PODS, Kube, request_cas_ops
+from reconciler.settings import Settings, SwapSettings
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+Json = dict[str, Any]
+T = TypeVar("T")
+GROUP = "modelpool.dev/v1alpha1"
+FAKE_MODEL = "modelpool/fake-model:test"
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], what: str, within: float = 60.0
+) -> T:
+    """Poll `check` until it returns something other than None."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        result = await check()
+        if result is not None:
+            return result
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {within}s waiting for {what}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Running:
+    kube: Kube
+    namespace: str
+    registry: CollectorRegistry
+    metrics_url: str
+    task: asyncio.Task[None]
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, {"namespace": self.namespace, **labels})
+        return value or 0.0
+
+    async def get(self, plural: str, name: str) -> Json:
+        resource = {"modelpools": MODEL_POOLS}.get(plural)
+        if resource is not None:
+            return await self.kube.request("GET", resource, self.namespace, name)
+        raise KeyError(plural)
+
+    async def pool(self, name: str = "slot") -> Json:
+        if self.task.done():  # the reconciler died: say why now, not at a timeout
+            self.task.result()
+            raise AssertionError("the reconciler stopped")
+        return await self.kube.request("GET", MODEL_POOLS, self.namespace, name)
+
+    async def request(self, member: str | None, pool: str = "slot") -> int:
+        """Write status.request by compare-and-swap, as a router does; the new generation."""
+        for _ in range(10):
+            body = await self.pool(pool)
+            ops = request_cas_ops(
+                body.get("status"),
+                body["metadata"]["resourceVersion"],
+                {"member": member, "requestedAt": "2026-11-30T10:00:00Z",
+                 "requestedBy": f"{self.namespace}/test/test"},
+            )
+            try:
+                result = await self.kube.json_patch_status(MODEL_POOLS, self.namespace, pool, ops)
+            except Exception:
+                await asyncio.sleep(0.1)
+                continue
+            return int(result["status"]["request"]["generation"])
+        raise AssertionError("could not write the request")
+
+
+@pytest.fixture
+def crds(cluster: Any, kubectl: Any) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "manifests" / "crds"))
+    for plural in ("modelservers", "modelpools", "modelrouters"):
+        kubectl("wait", "--for=condition=Established", f"crd/{plural}.modelpool.dev",
+                "--timeout=60s")
+
+
+@pytest.fixture
+async def reconciler(
+    crds: None, kubeconfig: Path, namespace: str, api: kr8s.asyncio.Api
+) -> AsyncIterator[Running]:
+    port = _free_port()
+    settings = Settings(
+        namespace=namespace,
+        kubeconfig=str(kubeconfig),
+        bind_host="127.0.0.1",
+        metrics_port=port,
+        workers=4,
+        swap=SwapSettings(probe_interval_seconds=0.5, probe_timeout_seconds=2.0),
+    )
+    registry = CollectorRegistry()
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(settings, registry, stop, handle_signals=False))
+    running = Running(Kube(api), namespace, registry, f"http://127.0.0.1:{port}/metrics",
+                      task, stop)
+    try:
+        yield running
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)  # raises whatever took the reconciler down
+
+
+def server(name: str, *, load_time: float = 0.5, fail_load: bool = False,
+           runtime: str = "llamacpp", idle: Json | None = None) -> Json:
+    env = [{"name": "FAKE_MODEL_LOAD_TIME", "value": str(load_time)},
+           {"name": "FAKE_MODEL_TOKENS_PER_SECOND", "value": "10"}]
+    if fail_load:
+        env.append({"name": "FAKE_MODEL_FAIL_LOAD", "value": "1"})
+    spec: Json = {
+        "runtime": runtime,
+        "image": FAKE_MODEL,
+        "model": f"/models/{name}.gguf",
+        "env": env,
+        "resources": {"gpu": 1},
+    }
+    if runtime == "llamacpp":
+        spec["args"] = ["--mode", "llamacpp"]
+    elif runtime == "generic":
+        spec["args"] = ["--mode", "llamacpp", "--model", name]
+    if idle is not None:
+        spec["idle"] = idle
+    return {"apiVersion": GROUP, "kind": "ModelServer", "metadata": {"name": name},
+            "spec": spec}
+
+
+def pool(members: list[str], default: str | None = "a", budget: str = "60s",
+         name: str = "slot") -> Json:
+    spec: Json = {"members": [{"name": m} for m in members], "swapBudget": budget}
+    if default is not None:
+        spec["default"] = default
+    return {"apiVersion": GROUP, "kind": "ModelPool", "metadata": {"name": name}, "spec": spec}
+
+
+def router(backends: list[str], name: str = "chat") -> Json:
+    return {
+        "apiVersion": GROUP,
+        "kind": "ModelRouter",
+        "metadata": {"name": name},
+        "spec": {
+            "backends": [{"name": b, "modelServerRef": {"name": b}} for b in backends],
+            "defaultRoute": backends[0],
+            "proxy": {"image": "modelpool/router:test"},
+        },
+    }
+
+
+def apply(kubectl: Any, namespace: str, *objects: Json) -> None:
+    """As git would: client-side apply by kubectl (field manager kubectl)."""
+    for obj in objects:
+        kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+
+def replicas(kubectl: Any, namespace: str, name: str) -> int | None:
+    result = kubectl("get", "deployment", name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode:
+        return None
+    return int(json.loads(result.stdout)["spec"].get("replicas", 1))
+
+
+def condition(obj: Json, type_: str) -> Json | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+async def ready_with(running: Running, member: str) -> Json:
+    async def check() -> Json | None:
+        body = await running.pool()
+        status = body.get("status") or {}
+        if status.get("phase") == "Ready" and status.get("residentMember") == member:
+            return body
+        return None
+
+    return await eventually(check, f"pool Ready with {member} resident", within=90)
+
+
+async def active_members(kube: Kube, namespace: str) -> set[str]:
+    """Members with a pod that may hold the GPU (terminating pods included)."""
+    pods, _ = await kube.list_all(PODS, namespace, "modelpool.dev/model-server")
+    return {
+        p["metadata"]["labels"]["modelpool.dev/model-server"]
+        for p in pods
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    }
+
+
+@contextlib.asynccontextmanager
+async def sampling(kube: Kube, namespace: str) -> AsyncIterator[list[set[str]]]:
+    """Samples which members have pods every 100 ms while the block runs."""
+    samples: list[set[str]] = []
+
+    async def loop() -> None:
+        while True:
+            samples.append(await active_members(kube, namespace))
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield samples
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_cold_pool_loads_its_default_then_a_request_swaps_without_overlap(
+    reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
+) -> None:
+    apply(kubectl, namespace, server("a"), server("b", load_time=2), pool(["a", "b"]),
+          router(["a", "b"]))
+    body = await ready_with(reconciler, "a")
+    ready = condition(body, "Ready")
+    assert ready is not None and ready["status"] == "True"
+    assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
+    assert replicas(kubectl, namespace, "a") == 1
+    assert replicas(kubectl, namespace, "b") == 0
+
+    # the router's objects exist and are owned by it
+    chat = kubectl.json("get", "modelrouter", "chat", "-n", namespace)
+    for kind, name in [("deployment", "chat-router"), ("serviceaccount", "chat-router"),
+                       ("role", "chat-router"), ("rolebinding", "chat-router"),
+                       ("service", "chat-router"), ("configmap", "chat-config")]:
+        obj = kubectl.json("get", kind, name, "-n", namespace)
+        owners = obj["metadata"].get("ownerReferences") or []
+        assert [o["uid"] for o in owners] == [chat["metadata"]["uid"]], (kind, name)
+
+    async with sampling(reconciler.kube, namespace) as samples:
+        generation = await reconciler.request("b")
+        body = await ready_with(reconciler, "b")
+    assert samples, "nothing was sampled"
+    assert all(len(s) <= 1 for s in samples), [s for s in samples if len(s) > 1]
+    assert {"a"} in samples and {"b"} in samples
+    last = body["status"]["lastSwap"]
+    assert (last["from"], last["to"], last["generation"], last["outcome"]) == (
+        "a", "b", generation, "Succeeded")
+    assert last["durationSeconds"] > 0
+    assert replicas(kubectl, namespace, "a") == 0
+
+    assert reconciler.sample("modelpool_swaps_total", pool="slot", **{"from": "a", "to": "b"}) == 1
+    assert reconciler.sample("modelpool_resident", pool="slot", member="b") == 1
+    assert reconciler.sample("modelpool_resident", pool="slot", member="a") == 0
+    for phase in ("drain", "unload", "schedule", "load"):
+        assert reconciler.sample("modelpool_swap_phase_duration_seconds_count", pool="slot",
+                                 phase=phase) >= 1, phase
+    async with aiohttp.ClientSession() as session, session.get(reconciler.metrics_url) as r:
+        text = await r.text()
+    for family in ("resident", "swaps_total", "swap_duration_seconds",
+                   "swap_phase_duration_seconds", "swap_failures_total",
+                   "swap_deferrals_total", "reconcile_total", "reconcile_duration_seconds"):
+        assert f"# TYPE modelpool_{family} " in text, family
+
+    events = kubectl.json("get", "events", "-n", namespace,
+                          "--field-selector", "involvedObject.name=slot")
+    assert "SwapCompleted" in {e["reason"] for e in events["items"]}
+
+    # no controller wrote any spec: the reconciler's managed fields are status only
+    for kind in ("modelserver", "modelpool", "modelrouter"):
+        for obj in kubectl.json("get", kind, "-n", namespace)["items"]:
+            for entry in obj["metadata"].get("managedFields") or []:
+                if entry["manager"] == "modelpool-reconciler":
+                    assert entry.get("subresource") == "status", (kind, entry)
+                    assert "f:spec" not in json.dumps(entry.get("fieldsV1")), (kind, entry)
+                elif entry.get("subresource") != "status":
+                    assert entry["manager"].startswith("kubectl"), (kind, entry)
+
+
+async def test_a_busy_incumbent_defers_the_swap_until_its_request_ends(
+    reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
+) -> None:
+    apply(kubectl, namespace, server("a"), server("b"), pool(["a", "b"]))
+    await ready_with(reconciler, "a")
+    pods, _ = await reconciler.kube.list_all(PODS, namespace, "modelpool.dev/model-server=a")
+    ip = pods[0]["status"]["podIP"]
+    streamed: list[bytes] = []
+
+    async def stream() -> None:  # 40 tokens at 10 per second: about 4 s busy
+        async with aiohttp.ClientSession() as session, session.post(
+            f"http://{ip}:8080/v1/chat/completions",
+            json={"model": "a", "stream": True, "max_tokens": 40,
+                  "messages": [{"role": "user", "content": "hi"}]},
+        ) as response:
+            assert response.status == 200
+            async for chunk in response.content.iter_any():
+                streamed.append(chunk)
+
+    streaming = asyncio.create_task(stream())
+    await eventually(lambda: asyncio.sleep(0, streamed or None), "the stream to start", 20)
+    await reconciler.request("b")
+
+    async def deferred() -> Json | None:
+        c = condition(await reconciler.pool(), "SwapDeferred")
+        return c if c and c["status"] == "True" and c["reason"] == "PodsBusy" else None
+
+    await eventually(deferred, "SwapDeferred PodsBusy", 20)
+    assert not streaming.done(), "the stream ended before the deferral was seen"
+    assert replicas(kubectl, namespace, "a") == 1
+    assert reconciler.sample("modelpool_swap_deferrals_total", pool="slot",
+                             reason="PodsBusy") >= 1
+    await asyncio.wait_for(streaming, 30)
+    await ready_with(reconciler, "b")
+
+
+async def test_a_target_that_never_turns_ready_is_abandoned_and_the_next_request_swaps(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    apply(kubectl, namespace, server("a"), server("b", fail_load=True), server("c"),
+          pool(["a", "b", "c"], budget="8s"))
+    await ready_with(reconciler, "a")
+    generation = await reconciler.request("b")
+
+    async def abandoned() -> Json | None:
+        status = (await reconciler.pool()).get("status") or {}
+        last = status.get("lastSwap") or {}
+        return status if last.get("outcome") == "Abandoned" else None
+
+    status = await eventually(abandoned, "the swap to be abandoned", 40)
+    last = status["lastSwap"]
+    assert (last["to"], last["generation"], last["reason"]) == ("b", generation,
+                                                                "SwapBudgetExceeded")
+    assert 8 <= last["durationSeconds"] < 15
+    assert status["request"]["generation"] == generation + 1
+    assert status["request"].get("member") is None
+    assert replicas(kubectl, namespace, "b") == 0
+    assert reconciler.sample("modelpool_swap_failures_total", pool="slot", member="b",
+                             reason="SwapBudgetExceeded") == 1
+    # the pool is cold again and loads its default; the next request swaps normally
+    await ready_with(reconciler, "a")
+    await reconciler.request("c")
+    body = await ready_with(reconciler, "c")
+    assert body["status"]["lastSwap"]["outcome"] == "Succeeded"
+
+
+async def test_a_missing_member_stalls_until_the_spec_is_fixed(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    apply(kubectl, namespace, server("a"), pool(["a", "ghost"]))
+
+    async def stalled() -> Json | None:
+        c = condition(await reconciler.pool(), "Stalled")
+        return c if c and c["status"] == "True" else None
+
+    c = await eventually(stalled, "Stalled", 30)
+    assert c["reason"] == "MemberNotFound" and "ghost" in c["message"]
+    events = kubectl.json("get", "events", "-n", namespace,
+                          "--field-selector", "involvedObject.name=slot")
+    assert "MemberNotFound" in {e["reason"] for e in events["items"]}
+    assert replicas(kubectl, namespace, "a") in (None, 0)  # nothing scaled
+
+    apply(kubectl, namespace, server("ghost"))
+    body = await ready_with(reconciler, "a")
+    c2 = condition(body, "Stalled")
+    assert c2 is not None and c2["status"] == "False"
+
+
+async def test_a_hand_edited_replica_count_is_put_back(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    apply(kubectl, namespace, server("a"), server("b"), pool(["a", "b"]))
+    await ready_with(reconciler, "a")
+    kubectl("scale", "deployment", "b", "-n", namespace, "--replicas=1")
+
+    async def put_back() -> bool | None:
+        return True if replicas(kubectl, namespace, "b") == 0 else None
+
+    await eventually(put_back, "b's replicas put back to 0", 20)
+    assert replicas(kubectl, namespace, "a") == 1
+
+
+async def test_an_idle_reconciler_makes_no_writes(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """How writes are counted, three ways at once: (1) for every object in the namespace,
+    the managedFields entries of field manager modelpool-reconciler with their times (any
+    write that changes a field the reconciler owns moves its entry); (2) the Events the
+    reconciler posted; (3) the reconciler's own count of the writes it sent
+    (modelpool_reconciler_api_writes_total). Other writers (the controller manager, the
+    node agent) are left out on purpose: they are not the reconciler."""
+    apply(kubectl, namespace, server("a"), server("b"), pool(["a", "b"]))
+    await ready_with(reconciler, "a")
+
+    kinds = "modelservers,modelpools,deployments,replicasets,services,configmaps," \
+            "serviceaccounts,roles,rolebindings,endpointslices"
+
+    def footprint() -> tuple[dict[str, str], int, float]:
+        items = kubectl.json("get", kinds, "-n", namespace)["items"]
+        entries = {
+            f"{o['kind']}/{o['metadata']['name']}/{e.get('subresource', '')}":
+                f"{e.get('time')}:{json.dumps(e.get('fieldsV1'), sort_keys=True)}"
+            for o in items
+            for e in o["metadata"].get("managedFields") or []
+            if e["manager"] == "modelpool-reconciler"
+        }
+        events = kubectl.json("get", "events", "-n", namespace)["items"]
+        ours = sum(1 for e in events if e.get("reportingComponent") == "modelpool-reconciler")
+        sent = sum(
+            sample.value
+            for metric in reconciler.registry.collect()
+            if metric.name == "modelpool_reconciler_api_writes"
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        )
+        return entries, ours, sent
+
+    # the swap's last status writes follow the member turning Ready: wait for a quiet spell
+    quiet_since, before = time.monotonic(), footprint()
+    started = time.monotonic()
+    while time.monotonic() - quiet_since < 3:
+        await asyncio.sleep(0.5)
+        now = footprint()
+        if now != before:
+            before, quiet_since = now, time.monotonic()
+        assert time.monotonic() - started < 60, "the reconciler never went quiet"
+    assert before[0], "no object shows the reconciler as a field manager"
+    await asyncio.sleep(6)
+    after = footprint()
+    assert after[2] == before[2], "the reconciler sent writes while idle"
+    assert after[1] == before[1], "the reconciler posted Events while idle"
+    assert after[0] == before[0]
