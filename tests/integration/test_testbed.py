@@ -9,6 +9,7 @@ references, and an image that nothing stands in for fails its pod loudly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import threading
@@ -115,15 +116,17 @@ class LockSampler:
         self.samples = 0
         self.held_samples = 0
         self.most_holders = 0
+        self.holders_seen: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-lock-sampler", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            holders = len(lock_holders(self.lock_file))
+            holders = lock_holders(self.lock_file)
             self.samples += 1
-            self.held_samples += holders > 0
-            self.most_holders = max(self.most_holders, holders)
+            self.held_samples += bool(holders)
+            self.most_holders = max(self.most_holders, len(holders))
+            self.holders_seen |= holders
             self._stop.wait(self.period)
 
     def __enter__(self) -> LockSampler:
@@ -133,6 +136,29 @@ class LockSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class RunningPodSampler:
+    """Counts, from the API, the pods of one app in phase Running, several times a second.
+
+    A terminating pod is still Running (its process still holds the GPU), so this is the
+    scheduler's and the node agent's promise: never two GPU pods on one GPU.
+    """
+
+    def __init__(self, api: kr8s.asyncio.Api, namespace: str, app: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.app = app
+        self.samples = 0
+        self.most_running = 0
+
+    async def run(self) -> None:
+        while True:
+            pods = await get_all(self.api, "pods", self.namespace, label_selector={"app": self.app})
+            running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+            self.samples += 1
+            self.most_running = max(self.most_running, len(running))
+            await asyncio.sleep(0.1)
 
 
 # --- manifests -------------------------------------------------------------------------
@@ -237,32 +263,44 @@ async def test_one_gpu_runs_one_of_two_gpu_replicas_and_hands_over_on_deletion(
         addresses = await slice_addresses(api, namespace, name)
         return True if addresses == {ip: True} else None
 
-    with LockSampler(lock_file) as sampler:
-        await create(api, namespace, service(name))
-        await create(api, namespace, fake_model_deployment(name, replicas=2))
-        first, pending = await eventually(one_ready_one_pending, "one Ready and one Pending pod")
-        first_ip = first["status"]["podIP"]
-        assert first_ip.startswith("127.") and first_ip != "127.0.0.1"
-        assert first["spec"]["nodeName"] == cluster.settings.node_name
-        assert "nodeName" not in pending["spec"]
-        assert await answers_openai(first_ip) == "tiny"
-        assert await asyncio.to_thread(lock_is_held, lock_file)
-        await eventually(lambda: endpoints_are_exactly(first_ip), "the slice to list the pod")
+    pod_sampler = RunningPodSampler(api, namespace, name)
+    sampling = asyncio.create_task(pod_sampler.run())
+    try:
+        with LockSampler(lock_file) as sampler:
+            await create(api, namespace, service(name))
+            await create(api, namespace, fake_model_deployment(name, replicas=2))
+            first, pending = await eventually(
+                one_ready_one_pending, "one Ready and one Pending pod", 90
+            )
+            first_ip = first["status"]["podIP"]
+            assert first_ip.startswith("127.") and first_ip != "127.0.0.1"
+            assert first["spec"]["nodeName"] == cluster.settings.node_name
+            assert "nodeName" not in pending["spec"]
+            assert await answers_openai(first_ip) == "tiny"
+            assert await asyncio.to_thread(lock_is_held, lock_file)
+            await eventually(lambda: endpoints_are_exactly(first_ip), "the slice to list the pod")
 
-        pod = await object_from_spec({**first, "kind": "Pod", "apiVersion": "v1"}, api=api)
-        await pod.delete()
-        gone = frozenset({first["metadata"]["name"]})
-        second, _ = await eventually(
-            lambda: one_ready_one_pending(exclude=gone), "another pod to take the GPU", 90
-        )
-        second_ip = second["status"]["podIP"]
-        assert second["metadata"]["name"] != first["metadata"]["name"]
-        assert await answers_openai(second_ip) == "tiny"
-        await eventually(lambda: endpoints_are_exactly(second_ip), "the slice to follow")
+            pod = await object_from_spec({**first, "kind": "Pod", "apiVersion": "v1"}, api=api)
+            await pod.delete()
+            gone = frozenset({first["metadata"]["name"]})
+            second, _ = await eventually(
+                lambda: one_ready_one_pending(exclude=gone), "another pod to take the GPU", 90
+            )
+            second_ip = second["status"]["podIP"]
+            assert second["metadata"]["name"] != first["metadata"]["name"]
+            assert await answers_openai(second_ip) == "tiny"
+            await eventually(lambda: endpoints_are_exactly(second_ip), "the slice to follow")
+    finally:
+        sampling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampling
 
     assert sampler.samples > 100
     assert sampler.held_samples > 0, "the sampler never saw the GPU lock held"
     assert sampler.most_holders == 1, "two servers held the GPU lock at once"
+    assert len(sampler.holders_seen) >= 2, "the lock never passed to the second server"
+    assert pod_sampler.samples > 10
+    assert pod_sampler.most_running == 1, "two GPU pods were Running at once"
 
 
 async def test_a_pod_process_has_exactly_its_service_accounts_rights(
