@@ -177,7 +177,9 @@ class KubeClient:
                     url=plural,
                     params=params,
                     stream=True,
-                    timeout=None,
+                    # The server ends the watch after _WATCH_SECONDS; a read that waits longer
+                    # is a dead connection, which this timeout turns into a resume.
+                    timeout=httpx.Timeout(_REQUEST_TIMEOUT, read=_WATCH_SECONDS + 30),
                 ) as response:
                     async for line in response.aiter_lines():
                         if not line.strip():
