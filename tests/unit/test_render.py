@@ -188,8 +188,24 @@ def test_storage_mounts() -> None:
     assert mount in pod["containers"][0]["volumeMounts"]
     host = _one(RENDERER.model_server(GEMMA, replicas=1, owner_uid=None), "Deployment")
     assert host["spec"]["template"]["spec"]["volumes"] == [
-        {"name": "models", "hostPath": {"path": "/var/lib/modelpool/models"}}
+        {"name": "models", "hostPath": {"path": "/var/lib/modelpool/models"}},
+        {"name": "home", "emptyDir": {}},
     ]
+
+
+def test_runtimes_get_a_writable_home_unless_they_set_one() -> None:
+    def home(ms: ModelServerSpec) -> tuple[list[Any], list[str]]:
+        pod = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
+        c = pod["spec"]["template"]["spec"]["containers"][0]
+        homes = [e.get("value") for e in c.get("env", []) if e["name"] == "HOME"]
+        return homes, [v["name"] for v in pod["spec"]["template"]["spec"].get("volumes", [])]
+
+    assert home(GEMMA) == (["/home/modelpool"], ["models", "home"])
+    assert home(QWEN) == (["/home/modelpool"], ["models", "home", "dshm"])
+    assert home(EMBED) == ([], [])  # generic: the image's own layout
+    own = body("ModelServer", "own", {"image": "i", "model": "m",
+                                      "env": [{"name": "HOME", "value": "/data"}]})
+    assert home(ModelServerSpec.from_body(own)) == (["/data"], ["home"])
 
 
 # --- owner references -------------------------------------------------------------------
