@@ -65,6 +65,12 @@ class KubeClient:
         self._api = api
         self._wall_clock = wall_clock
 
+    async def close(self) -> None:
+        """Close the HTTP session (kr8s keeps it open for the client's lifetime)."""
+        session = getattr(self._api, "_session", None)
+        if session is not None:
+            await session.aclose()
+
     # --- ModelPools ---
 
     async def get_pool(self, namespace: str, name: str) -> PoolStatus | None:

@@ -24,7 +24,7 @@ from e2e.local.fixtures import Kubectl
 from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
 from sidecar.activator import PoolRequest, PoolStatus, WriteRequest
 from sidecar.config import RouterConfig, parse_config
-from sidecar.kube import KubeClient
+from sidecar.kube import KubeClient, connect
 from sidecar.metrics import RouterMetrics
 
 pytestmark = pytest.mark.integration
@@ -318,3 +318,13 @@ async def test_a_router_whose_waiters_all_left_withdraws_its_request(
             await eventually(withdrawn)
         finally:
             run.cancel()
+
+
+async def test_connect_from_a_kubeconfig(kubeconfig: Path, namespace: str, pool: str) -> None:
+    client = await connect(str(kubeconfig))
+    try:
+        read = await client.get_pool(namespace, pool)
+        assert read is not None and read.name == pool
+        assert await client.get_pool(namespace, "missing") is None
+    finally:
+        await client.close()
