@@ -14,16 +14,16 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from e2e.fake_model import replies
-from e2e.fake_model.replies import JsonObject, Usage
+from e2e.fake_model.replies import JsonObject
 from e2e.fake_model.settings import Mode, Settings
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _sse(payload: JsonObject | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def _completion(request: web.Request, kind: Literal["chat", "text"]) -> web.StreamResponse:
+async def _completion(request: web.Request, kind: replies.Kind) -> web.StreamResponse:
     state = request.app[STATE]
     settings = state.settings
     body = await _json_body(request)
@@ -160,65 +160,35 @@ async def _completion(request: web.Request, kind: Literal["chat", "text"]) -> we
     model = settings.model_id
     async with state.slots.hold():
         if body.get("stream") is True:
-            return await _stream(request, kind, response_id, created, n_tokens, use, body)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        for index in range(n_tokens):
-            await _pace(start, index, settings.tokens_per_second)
+            plan = replies.stream_plan(
+                kind, response_id, created, model, n_tokens, use, _include_usage(body)
+            )
+            return await _stream(request, settings.tokens_per_second, plan)
+        await asyncio.sleep(n_tokens / settings.tokens_per_second)
         text = replies.text_of(n_tokens)
         build = replies.chat_completion if kind == "chat" else replies.text_completion
         return web.json_response(build(response_id, created, model, text, "length", use))
 
 
 async def _stream(
-    request: web.Request,
-    kind: Literal["chat", "text"],
-    response_id: str,
-    created: int,
-    n_tokens: int,
-    use: Usage,
-    body: JsonObject,
+    request: web.Request, tokens_per_second: float, plan: replies.StreamPlan
 ) -> web.StreamResponse:
-    settings = request.app[STATE].settings
-    model = settings.model_id
-    include_usage = _include_usage(body)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    chunk: Callable[..., JsonObject]
-    if kind == "chat":
-        object_name = "chat.completion.chunk"
-
-        def chunk(text: str, finish: replies.FinishReason | None = None, **kw: Any) -> JsonObject:
-            delta: JsonObject = {"content": text} if text or finish is None else {}
-            return replies.chat_chunk(response_id, created, model, delta, finish, **kw)
-
-    else:
-        object_name = "text_completion"
-
-        def chunk(text: str, finish: replies.FinishReason | None = None, **kw: Any) -> JsonObject:
-            return replies.text_chunk(response_id, created, model, text, finish, **kw)
-
     try:
-        if kind == "chat":
-            role = {"role": "assistant", "content": ""}
-            await response.write(_sse(replies.chat_chunk(response_id, created, model, role)))
+        for event in plan.opening:
+            await response.write(_sse(event))
         start = asyncio.get_running_loop().time()
-        for index in range(n_tokens):
-            await _pace(start, index, settings.tokens_per_second)
-            await response.write(_sse(chunk(replies.token(index))))
-        # Usage rides on the last chunk (llama.cpp) unless the client asked for OpenAI's
-        # separate usage chunk.
-        await response.write(_sse(chunk("", "length", use=None if include_usage else use)))
-        if include_usage:
-            await response.write(
-                _sse(replies.usage_chunk(response_id, created, model, object_name, use))
-            )
-        await response.write(_sse("[DONE]"))
+        for index, event in enumerate(plan.tokens):
+            await _pace(start, index, tokens_per_second)
+            await response.write(_sse(event))
+        for closing in plan.closing:
+            await response.write(_sse(closing))
         await response.write_eof()
     except ConnectionResetError:
-        logger.info("client went away during stream %s", response_id)
+        logger.info("client went away during a stream")
     return response
 
 

@@ -12,10 +12,13 @@ import base64
 import hashlib
 import math
 import struct
+from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 JsonObject = dict[str, Any]
 FinishReason = Literal["stop", "length"]
+Kind = Literal["chat", "text"]
+DONE = "[DONE]"
 
 WORDS = (
     "the", "pool", "shares", "one", "GPU", "between", "several", "models", "and", "swaps",
@@ -151,6 +154,49 @@ def usage_chunk(
         "choices": [],
         "usage": dict(use),
     }
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """The events of one streamed completion: ``opening`` at once, one of ``tokens`` per
+    generated token at the token rate, then ``closing`` (the finish chunk, OpenAI's usage
+    chunk when asked for, and ``[DONE]``)."""
+
+    opening: tuple[JsonObject, ...]
+    tokens: tuple[JsonObject, ...]
+    closing: tuple[JsonObject | str, ...]
+
+
+def stream_plan(
+    kind: Kind,
+    response_id: str,
+    created: int,
+    model: str,
+    n_tokens: int,
+    use: Usage,
+    include_usage: bool,
+) -> StreamPlan:
+    # Usage rides on the finish chunk (as llama.cpp sends it) unless the client asked for
+    # OpenAI's separate usage chunk.
+    finish_usage = None if include_usage else use
+    if kind == "chat":
+        role = {"role": "assistant", "content": ""}
+        opening: tuple[JsonObject, ...] = (chat_chunk(response_id, created, model, role),)
+        tokens = tuple(
+            chat_chunk(response_id, created, model, {"content": token(i)}) for i in range(n_tokens)
+        )
+        finish = chat_chunk(response_id, created, model, {}, "length", finish_usage)
+        object_name = "chat.completion.chunk"
+    else:
+        opening = ()
+        tokens = tuple(text_chunk(response_id, created, model, token(i)) for i in range(n_tokens))
+        finish = text_chunk(response_id, created, model, "", "length", finish_usage)
+        object_name = "text_completion"
+    closing: list[JsonObject | str] = [finish]
+    if include_usage:
+        closing.append(usage_chunk(response_id, created, model, object_name, use))
+    closing.append(DONE)
+    return StreamPlan(opening, tokens, tuple(closing))
 
 
 def embedding_vector(text: str, dimensions: int) -> list[float]:
