@@ -521,3 +521,61 @@ async def test_in_flight_requests_are_counted_until_they_end(pools: FakeCluster)
         await eventually(lambda: router.activation.model_states()["coder"] == "loading")
 
     await running([router], body)
+
+
+async def test_a_router_without_pools_needs_no_api_server() -> None:
+    config = router_config()
+    activation = Activation(
+        config, None, RouterMetrics(CollectorRegistry(), "chat"), identity=f"{NS}/chat/a"
+    )
+    assert activation.ready()
+    external = config.backend("external")
+    assert external is not None
+    async with asyncio.TaskGroup() as tg:
+        run = tg.create_task(activation.run())
+        async with activation.acquire(external) as target:
+            assert target.base_url == "http://127.0.0.9:8000"
+        assert not run.done()  # it runs until cancelled, as the proxy's TaskGroup expects
+        run.cancel()
+
+
+async def test_a_pool_added_by_a_reload_starts_from_the_watched_status(
+    pools: FakeCluster,
+) -> None:
+    pools.set_pool("light", resident_member="phi", request=PoolRequest("phi", 1, "x"))
+    pools.set_endpoints("phi", "127.0.1.9")
+    router = Router(pools, router_config())
+    raw_backend = {
+        "name": "phi",
+        "modelServer": "phi",
+        "service": "phi",
+        "port": 8080,
+        "pool": "light",
+        "url": None,
+    }
+    base = router_config()
+    reloaded = replace(
+        base,
+        backends=(*base.backends, parse_backend(raw_backend)),
+        pools=(*base.pools, replace(base.pools[0], name="light", members=("phi",))),
+    )
+
+    async def body() -> None:
+        router.activation.update_config(reloaded)
+        router.config = reloaded
+        assert router.activation.model_states()["phi"] == "resident"
+        assert (await router.call("phi")).base_url == "http://127.0.1.9:8080"
+
+    await running([router], body)
+
+
+def parse_backend(raw: dict[str, Any]) -> Any:
+    config = parse_config(
+        {
+            "router": {"namespace": NS, "name": "chat"},
+            "responseHeaderTimeoutSeconds": 1,
+            "maxHeldRequests": 1,
+            "backends": [raw],
+        }
+    )
+    return config.backends[0]
