@@ -287,14 +287,17 @@ async def test_a_cold_pool_loads_its_default_then_a_request_swaps_without_overla
     assert "SwapCompleted" in {e["reason"] for e in events["items"]}
 
     # no controller wrote any spec: the reconciler's managed fields are status only
+    status_writers = set()
     for kind in ("modelserver", "modelpool", "modelrouter"):
-        for obj in kubectl.json("get", kind, "-n", namespace)["items"]:
-            for entry in obj["metadata"].get("managedFields") or []:
+        for obj in kubectl.json("get", kind, "-n", namespace, "--show-managed-fields")["items"]:
+            for entry in obj["metadata"]["managedFields"]:
                 if entry["manager"] == "modelpool-reconciler":
                     assert entry.get("subresource") == "status", (kind, entry)
                     assert "f:spec" not in json.dumps(entry.get("fieldsV1")), (kind, entry)
+                    status_writers.add(kind)
                 elif entry.get("subresource") != "status":
                     assert entry["manager"].startswith("kubectl"), (kind, entry)
+    assert status_writers == {"modelserver", "modelpool", "modelrouter"}
 
 
 async def test_a_busy_incumbent_defers_the_swap_until_its_request_ends(
@@ -344,7 +347,10 @@ async def test_a_target_that_never_turns_ready_is_abandoned_and_the_next_request
     async def abandoned() -> Json | None:
         status = (await reconciler.pool()).get("status") or {}
         last = status.get("lastSwap") or {}
-        return status if last.get("outcome") == "Abandoned" else None
+        request = status.get("request") or {}
+        if last.get("outcome") == "Abandoned" and request.get("generation") != generation:
+            return status
+        return None
 
     status = await eventually(abandoned, "the swap to be abandoned", 40)
     last = status["lastSwap"]
@@ -415,7 +421,7 @@ async def test_an_idle_reconciler_makes_no_writes(
             "serviceaccounts,roles,rolebindings,endpointslices"
 
     def footprint() -> tuple[dict[str, str], int, float]:
-        items = kubectl.json("get", kinds, "-n", namespace)["items"]
+        items = kubectl.json("get", kinds, "-n", namespace, "--show-managed-fields")["items"]
         entries = {
             f"{o['kind']}/{o['metadata']['name']}/{e.get('subresource', '')}":
                 f"{e.get('time')}:{json.dumps(e.get('fieldsV1'), sort_keys=True)}"
