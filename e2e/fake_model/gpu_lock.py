@@ -2,7 +2,8 @@
 loaded servers on one device fail loudly instead of both pretending to own its VRAM.
 
 The kernel drops a ``flock`` when its last descriptor closes, so a crashed server never
-leaves a device locked.
+leaves a device locked. ``holders`` tells who holds which device without touching the
+locks (it reads /proc/locks), so a test can sample it while servers come and go.
 """
 
 from __future__ import annotations
@@ -23,8 +24,43 @@ class GpuInUseError(RuntimeError):
         self.device = device
 
 
+LOCK_PREFIX, LOCK_SUFFIX = "gpu", ".lock"
+PROC_LOCKS = Path("/proc/locks")
+
+
 def lock_path(lock_dir: Path, device: str) -> Path:
-    return lock_dir / f"gpu{device}.lock"
+    return lock_dir / f"{LOCK_PREFIX}{device}{LOCK_SUFFIX}"
+
+
+def parse_proc_locks(text: str) -> dict[tuple[int, int, int], int]:
+    """Granted ``flock`` locks in /proc/locks as {(major, minor, inode): pid}; waiters
+    (lines with ``->``) are not holders."""
+    held: dict[tuple[int, int, int], int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            held[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
+        except ValueError:
+            continue
+    return held
+
+
+def holders(lock_dir: Path, proc_locks: Path = PROC_LOCKS) -> dict[str, int]:
+    """{device id: pid} of the GPU locks held right now in ``lock_dir`` (Linux only)."""
+    held = parse_proc_locks(proc_locks.read_text())
+    found: dict[str, int] = {}
+    for path in lock_dir.glob(f"{LOCK_PREFIX}*{LOCK_SUFFIX}"):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        pid = held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+        if pid is not None:
+            found[path.name[len(LOCK_PREFIX) : -len(LOCK_SUFFIX)]] = pid
+    return found
 
 
 class GpuLocks:

@@ -18,7 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.fake_model.gpu_lock import GpuInUseError, GpuLocks
+from e2e.fake_model.gpu_lock import GpuInUseError, GpuLocks, holders
 from e2e.fake_model.harness import (
     POLL_INTERVAL_SECONDS,
     REPO_ROOT,
@@ -295,7 +295,7 @@ async def test_a_second_server_on_a_held_gpu_exits_with_an_error(tmp_path: Path)
     gpu0 = {"NVIDIA_VISIBLE_DEVICES": "0", "MODELPOOL_GPU_LOCK_DIR": str(tmp_path / "locks")}
     gpu1 = {**gpu0, "NVIDIA_VISIBLE_DEVICES": "1"}
     async with run_fake_model(log_path=tmp_path / "first.log", env=gpu0) as first:
-        assert (tmp_path / "locks" / "gpu0.lock").exists()
+        assert holders(tmp_path / "locks") == {"0": first.process.pid}
         second = await start_fake_model(log_path=tmp_path / "second.log", env=gpu0)
         assert await second.wait_exit() == 3
         assert "GPU 0 is already in use" in second.log()
@@ -303,8 +303,9 @@ async def test_a_second_server_on_a_held_gpu_exits_with_an_error(tmp_path: Path)
         async with run_fake_model(log_path=tmp_path / "other.log", env=gpu1):
             pass
         assert await first.stop() == 0
+        assert holders(tmp_path / "locks") == {}
     async with run_fake_model(log_path=tmp_path / "third.log", env=gpu0) as third:
-        assert "already in use" not in third.log()
+        assert holders(tmp_path / "locks") == {"0": third.process.pid}
 
 
 async def test_gpu_lock_is_held_through_the_unload_time(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The fake server's payloads, checked without a server: they must be what the ``openai``
-SDK parses (its own models validate them here) and what docs/contracts.md promises."""
+"""The fake server's pure pieces, checked without a server: its payloads must be what the
+``openai`` SDK parses (its own models validate them here) and what docs/contracts.md
+promises; /proc/locks parsing must see only granted locks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from e2e.fake_model import replies
+from e2e.fake_model.gpu_lock import parse_proc_locks
 
 pytestmark = pytest.mark.unit
 
@@ -112,3 +114,13 @@ def test_embeddings_are_unit_vectors_and_base64_matches_floats() -> None:
 )
 def test_embedding_inputs(value: object, inputs: list[str] | None) -> None:
     assert replies.embedding_inputs(value) == inputs
+
+
+def test_proc_locks_parsing_keeps_granted_flocks_only() -> None:
+    text = (
+        "1: FLOCK  ADVISORY  WRITE 10221 fe:00:9980702 0 EOF\n"
+        "1: -> FLOCK  ADVISORY  WRITE 10300 fe:00:9980702 0 EOF\n"
+        "2: OFDLCK ADVISORY  WRITE -1 fe:00:9979598 0 EOF\n"
+        "3: POSIX  ADVISORY  WRITE 77 08:01:12 0 EOF\n"
+    )
+    assert parse_proc_locks(text) == {(0xFE, 0, 9980702): 10221}
