@@ -24,7 +24,8 @@ for tool in docker kind kubectl; do
   fi
 done
 
-if kind get clusters 2>/dev/null | grep -qx "$cluster"; then
+clusters="$(kind get clusters 2>/dev/null)"
+if grep -qx "$cluster" <<<"$clusters"; then
   echo "kind cluster $cluster exists; reusing it"
 else
   create=(kind create cluster --name "$cluster" --config "$here/cluster.yaml" --wait 180s)
