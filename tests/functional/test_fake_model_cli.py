@@ -4,12 +4,15 @@ started with each style of argv."""
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from pathlib import Path
 
 import openai
 import pytest
 
-from e2e.fake_model.harness import run_fake_model
+from e2e.fake_model.cli import main
+from e2e.fake_model.harness import REPO_ROOT, run_fake_model
 from e2e.fake_model.settings import Mode, Settings, SettingsError, parse_settings
 
 LLAMA_SERVER_ARGV = (
@@ -132,3 +135,11 @@ async def test_vllm_command_line(tmp_path: Path) -> None:
         reply = await client.completions.create(model="qwen", prompt="hi", max_tokens=2)
     assert ids == ["qwen"]
     assert reply.choices[0].text == "the pool"
+
+
+@pytest.mark.unit
+def test_console_script_points_at_main() -> None:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    target = pyproject["project"]["scripts"]["modelpool-fake-model"]
+    module_name, _, attribute = target.partition(":")
+    assert getattr(importlib.import_module(module_name), attribute) is main
