@@ -58,14 +58,14 @@ def is_ready(pod: dict[str, Any] | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def running_pid(kubectl: Kubectl, namespace: str, name: str) -> int:
+def running_pid(kubectl: Kubectl, namespace: str, name: str, timeout: float = 30.0) -> int:
     def pid() -> int | None:
         status = container_status(get_pod(kubectl, namespace, name))
         if "running" in status.get("state", {}) and status.get("containerID"):
             return int(str(status["containerID"]).removeprefix("local://"))
         return None
 
-    return wait_for(f"pod {name} running", pid)
+    return wait_for(f"pod {name} running", pid, timeout)
 
 
 def process_env(pid: int) -> dict[str, str]:
@@ -301,3 +301,4 @@ def test_failed_liveness_probe_restarts_the_container(kubectl: Kubectl, namespac
     ), timeout=60)
     assert "terminated" in restarted["lastState"]
     assert restarted["containerID"] != f"local://{first}"
+

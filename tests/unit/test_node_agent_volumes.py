@@ -15,6 +15,7 @@ from e2e.local.node_agent.podspec import ConfigError, PodFacts, Sources
 from e2e.local.node_agent.settings import api_server_from_kubeconfig
 from e2e.local.node_agent.volumes import (
     TokenSource,
+    claim_path,
     plan_volume,
     token_kubeconfig,
     token_sources,
@@ -130,3 +131,15 @@ def test_api_server_from_admin_kubeconfig(tmp_path: Path) -> None:
     server = api_server_from_kubeconfig(config, tmp_path)
     assert server.server == "https://127.0.0.1:16443"
     assert server.ca_pem == b"PEM"
+
+
+def test_claim_volume_resolves_to_the_bound_volume_or_a_node_directory() -> None:
+    claim = plan({"name": "m", "persistentVolumeClaim": {"claimName": "weights"}})
+    assert (claim.kind, claim.claim) == ("claim", "weights")
+    host_pv = {"spec": {"hostPath": {"path": "/data/weights"}}}
+    local_pv = {"spec": {"local": {"path": "/mnt/disk"}}}
+    other_pv = {"spec": {"csi": {"driver": "x"}}}
+    assert claim_path(host_pv, "/state/claims", "ns", "weights") == "/data/weights"
+    assert claim_path(local_pv, "/state/claims", "ns", "weights") == "/mnt/disk"
+    assert claim_path(other_pv, "/state/claims", "ns", "weights") == "/state/claims/ns_weights"
+    assert claim_path(None, "/state/claims", "ns", "weights") == "/state/claims/ns_weights"

@@ -76,3 +76,7 @@ def write_file_atomically(path: Path, content: bytes, mode: int = 0o600) -> bool
     os.chmod(temporary, mode)
     os.replace(temporary, path)
     return True
+
+
+def ensure_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)

@@ -35,12 +35,14 @@ class TokenSource:
 
 @dataclass(frozen=True)
 class VolumePlan:
-    """`kind` is `files` (contents below), `empty` (an emptyDir) or `host` (hostPath)."""
+    """`kind` is `files` (contents below), `empty` (an emptyDir), `host` (hostPath,
+    the path in `host_path`) or `claim` (a PersistentVolumeClaim, its name in `claim`)."""
 
     name: str
     kind: str
     files: Mapping[str, bytes] = field(default_factory=dict)
     host_path: str = ""
+    claim: str = ""
 
 
 def _raw_data(obj: Json) -> dict[str, bytes]:
@@ -120,6 +122,10 @@ def plan_volume(
         return VolumePlan(name=name, kind="empty")
     if "hostPath" in volume:
         return VolumePlan(name=name, kind="host", host_path=volume["hostPath"]["path"])
+    if "persistentVolumeClaim" in volume:
+        return VolumePlan(
+            name=name, kind="claim", claim=volume["persistentVolumeClaim"]["claimName"]
+        )
     if "configMap" in volume:
         source = volume["configMap"]
         return VolumePlan(
@@ -161,6 +167,16 @@ def plan_volume(
                 files[token["path"]] = tokens[key].encode()
         return VolumePlan(name=name, kind="files", files=files)
     raise ConfigError(f"volume {name!r}: unsupported volume type")
+
+
+def claim_path(volume: Json | None, claims_dir: str, namespace: str, claim: str) -> str:
+    """Where a claim's data lives: the bound PersistentVolume's hostPath or local path,
+    else a directory of the node's own (as a local provisioner would make)."""
+    spec = (volume or {}).get("spec") or {}
+    for key in ("hostPath", "local"):
+        if spec.get(key, {}).get("path"):
+            return str(spec[key]["path"])
+    return f"{claims_dir}/{namespace}_{claim}"
 
 
 def token_kubeconfig(server: str, ca_data: str, token: str, namespace: str) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from e2e.local.node_agent.status import (
 )
 from e2e.local.node_agent.volumes import (
     TokenSource,
+    claim_path,
     plan_volume,
     token_kubeconfig,
     token_sources,
@@ -322,6 +323,9 @@ class PodWorker:
             if plan.kind == "host":
                 volume_dirs[plan.name] = plan.host_path
                 continue
+            if plan.kind == "claim":
+                volume_dirs[plan.name] = await self._claim_dir(plan.claim)
+                continue
             if plan.kind == "empty":
                 directory.mkdir(parents=True, exist_ok=True)
             elif plan.kind == "files":
@@ -351,6 +355,20 @@ class PodWorker:
                     host = f"{host}/{mount['subPath']}"
                 mounts.append(Mount(container_path=mount["mountPath"], host_path=host))
             self.mounts[container["name"]] = mounts
+
+    async def _claim_dir(self, claim: str) -> str:
+        """The directory of a PersistentVolumeClaim (ConfigError while it is unbound)."""
+        kube = self.context.kube
+        found = await kube.get("v1", f"namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
+        if found is None:
+            raise ConfigError(f'persistentvolumeclaim "{claim}" not found')
+        bound = (found.get("spec") or {}).get("volumeName")
+        volume = await kube.get("v1", f"persistentvolumes/{bound}") if bound else None
+        path = claim_path(
+            volume, str(self.context.settings.state_dir / "claims"), self.namespace, claim
+        )
+        files.ensure_dir(Path(path))
+        return path
 
     async def _prepare_volumes(self) -> bool:
         """Write every volume; while a referenced object is missing, report it and retry.
