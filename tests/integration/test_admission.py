@@ -122,6 +122,11 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         _obj("ModelPool", "p", {"members": [{"priority": 1}]}),
         ("spec.members[0].name", "Required value"),
     ),
+    (
+        "pool-name-too-long-for-a-label",
+        _obj("ModelPool", "p" * 64, {"members": _MEMBERS}),
+        ("metadata.name", "at most 63 characters"),
+    ),
     # ModelServer
     (
         "server-port-too-high",
