@@ -45,9 +45,21 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _represent_str)
 
 
+def _files(paths: Iterable[str]) -> list[str]:
+    """The paths given, a directory standing for its *.yaml and *.yml files."""
+    files: list[str] = []
+    for path in paths:
+        p = Path(path)
+        if path != "-" and p.is_dir():
+            files += sorted(str(f) for f in p.iterdir() if f.suffix in (".yaml", ".yml"))
+        else:
+            files.append(path)
+    return files
+
+
 def _load(paths: Iterable[str], stdin: TextIO) -> list[tuple[str, dict[str, Any]]]:
     docs: list[tuple[str, dict[str, Any]]] = []
-    for path in paths:
+    for path in _files(paths):
         text = stdin.read() if path == "-" else Path(path).read_text()
         for doc in yaml.safe_load_all(text):
             if isinstance(doc, dict):
@@ -118,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m reconciler render",
         description="Print the objects the reconciler would apply for the given "
-        "ModelServer, ModelPool and ModelRouter files (multi-document YAML; - is stdin).",
+        "ModelServer, ModelPool and ModelRouter files (multi-document YAML; a directory "
+        "stands for its *.yaml files; - is stdin).",
     )
     parser.add_argument("files", nargs="+", metavar="FILE")
     parser.add_argument(

@@ -45,6 +45,14 @@ def test_examples_render_as_a_cold_start(capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.unit
+def test_a_directory_stands_for_its_yaml_files(capsys: pytest.CaptureFixture[str]) -> None:
+    code, objects, err = _run(["-n", "demo", str(ROOT / "examples")], capsys)
+    assert code == 0, err
+    # examples/ names its own namespace only through its kustomization (skipped here)
+    assert _deployments(objects) == {"gemma": 1, "qwen": 0, "chat-router": 1}
+
+
+@pytest.mark.unit
 def test_the_render_word_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
     code, objects, _ = _run(["render", str(EXAMPLES[0])], capsys)
     assert code == 0
