@@ -30,8 +30,9 @@ class Settings:
     # Who this router is in `status.request.requestedBy`: namespace/router/pod.
     pod_name: str
     log_level: str = "INFO"
-    # Loopback and in-cluster connects take milliseconds; past this the endpoint is gone.
-    connect_timeout_seconds: float = 5.0
+    # In-cluster connects take milliseconds; past this the endpoint is gone. Generous, as a
+    # loop busy releasing thousands of held requests at once reads its timers late.
+    connect_timeout_seconds: float = 10.0
     reload_interval_seconds: float = 1.0
     # What a request held at shutdown is told: retry soon, another replica will take it.
     shutdown_retry_after_seconds: float = 1.0
