@@ -26,6 +26,8 @@ docs/contracts.md section 4:
 - env ``FAKE_MODEL_UNLOAD_TIME`` seconds (or ``--unload-time``): after SIGTERM and the
   in-flight requests, wait this long before releasing the GPU lock and exiting, as a
   real server takes time to free its VRAM.
+- ``PUT /fake/faults`` with ``{"idleProbe": "fail"}`` makes ``/slots`` and ``/metrics``
+  answer 500 until ``{"idleProbe": "ok"}``: a fault switch for tests of the idle probe.
 - GPU lock: when ``NVIDIA_VISIBLE_DEVICES`` lists devices (not empty, ``void`` or
   ``none``) and ``MODELPOOL_GPU_LOCK_DIR`` is set, loading begins by taking an exclusive,
   non-blocking ``flock`` on ``<dir>/gpu<id>.lock`` for each id. If one is held elsewhere

@@ -71,6 +71,8 @@ class ServerState:
         self.settings = settings
         self.loaded = False
         self.slots = SlotTable(settings.parallel)
+        # A fault a test can switch on: the idle endpoints (/slots, /metrics) answer 500.
+        self.idle_probe_fails = False
 
     async def load(self, already_spent: float = 0.0) -> None:
         """Pretend to load the weights; with ``fail_load`` the load never ends.
@@ -243,7 +245,26 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+def _idle_fault() -> web.Response:
+    return _error(500, "idle probe fault injected", "server_error")
+
+
+async def faults(request: web.Request) -> web.Response:
+    """``PUT /fake/faults {"idleProbe": "fail" | "ok"}``: a test switch, not an API."""
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    mode = body.get("idleProbe")
+    if mode not in ("fail", "ok"):
+        return _error(400, "idleProbe must be 'fail' or 'ok'", "invalid_request_error")
+    request.app[STATE].idle_probe_fails = mode == "fail"
+    logger.warning("idle probe fault %s", "on" if mode == "fail" else "off")
+    return web.json_response({"idleProbe": mode})
+
+
 async def slots(request: web.Request) -> web.Response:
+    if request.app[STATE].idle_probe_fails:
+        return _idle_fault()
     table = request.app[STATE].slots
     return web.json_response(
         [
@@ -254,6 +275,8 @@ async def slots(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    if request.app[STATE].idle_probe_fails:
+        return _idle_fault()
     body = generate_latest(request.app[REGISTRY])
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
@@ -281,6 +304,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/metrics", metrics)
+    app.router.add_put("/fake/faults", faults)
     if state.settings.mode is Mode.LLAMACPP:
         app.router.add_get("/slots", slots)
     return app

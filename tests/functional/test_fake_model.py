@@ -418,3 +418,22 @@ async def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
             _, stderr = await second.communicate()
     assert second.returncode == 4
     assert f"cannot serve on 127.0.0.1:{first.port}" in stderr.decode()
+
+
+async def test_an_injected_idle_probe_fault_fails_slots_and_metrics_until_cleared(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    async with run_fake_model("--mode", "llamacpp", log_path=tmp_path / "fake.log") as server:
+        faults_url = f"{server.base_url}/fake/faults"
+        async with session.put(faults_url, json={"idleProbe": "fail"}) as response:
+            assert response.status == 200
+        for path in ("/slots", "/metrics"):
+            async with session.get(f"{server.base_url}{path}") as response:
+                assert response.status == 500, path
+        async with session.put(faults_url, json={"idleProbe": "sometimes"}) as response:
+            assert response.status == 400
+            assert "idleProbe" in (await response.json())["error"]["message"]
+        async with session.put(faults_url, json={"idleProbe": "ok"}) as response:
+            assert response.status == 200
+        slots = await _get_json(session, f"{server.base_url}/slots")
+        assert slots and not any(slot["is_processing"] for slot in slots)
