@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler) from the Go module proxy into a cache outside the repository,
-# keyed by version. A warm cache rebuilds nothing.
+# kube-scheduler, and a kubectl of the same release) from the Go module proxy into a
+# cache outside the repository, keyed by version. A warm cache rebuilds nothing.
 #
 # One deliberate change to upstream: the testbed runs pods on loopback addresses
 # (127.0.x.y), which EndpointSlice validation rejects, so kube-apiserver is built from a
@@ -30,7 +30,7 @@ log() { printf '[control-plane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 PATCH_ID="loopback-endpointslices-1"
 PATCH_MARKER="$BIN/kube-apiserver.patch"
 
-want=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 missing=()
 for b in "${want[@]}"; do [[ -x "$BIN/$b" ]] || missing+=("$b"); done
 if [[ -x "$BIN/kube-apiserver" && "$(cat "$PATCH_MARKER" 2>/dev/null)" != "$PATCH_ID" ]]; then
@@ -106,6 +106,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
   log "kubernetes: $(grep -c '^replace' "$dir/go.mod") staging modules replaced with $staging_version; resolving modules"
@@ -114,7 +115,7 @@ GO
   local pkg=k8s.io/component-base/version
   local ldflags="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$major -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     [[ -x "$BIN/$b" ]] && { log "$b: cached"; continue; }
     log "$b: compiling (the first build takes several minutes on 2 cores)"
     local start=$SECONDS
@@ -126,7 +127,9 @@ GO
     (cd "$build_dir" && go build -trimpath -tags tools -ldflags "$ldflags" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2)
     mv "$BIN/$b.tmp" "$BIN/$b"
     if [[ $b == kube-apiserver ]]; then echo "$PATCH_ID" >"$PATCH_MARKER"; fi
-    log "$b: done in $((SECONDS - start))s ($("$BIN/$b" --version))"
+    local version_cmd=(--version)
+    if [[ $b == kubectl ]]; then version_cmd=(version --client); fi
+    log "$b: done in $((SECONDS - start))s ($("$BIN/$b" "${version_cmd[@]}" | head -1))"
   done
 }
 

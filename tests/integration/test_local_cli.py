@@ -47,6 +47,7 @@ def test_up_twice_status_and_down(tmp_path: Path) -> None:
         assert all(pids.values()), pids
         settings = load_settings(layout)
         assert settings is not None and settings.gpus == 2
+        kubectl = str(settings.bin_dir / "kubectl")
 
         again = local("up", "--state-dir", str(state), "--gpus", "2")
         assert again.returncode == 0, again.stderr
@@ -58,7 +59,7 @@ def test_up_twice_status_and_down(tmp_path: Path) -> None:
         assert "cluster: healthy" in status.stdout
         gpus = "jsonpath={.items[0].status.allocatable.nvidia\\.com/gpu}"
         nodes = subprocess.run(
-            ["kubectl", f"--kubeconfig={layout.admin_kubeconfig}", "get", "node", "-o", gpus],
+            [kubectl, f"--kubeconfig={layout.admin_kubeconfig}", "get", "node", "-o", gpus],
             capture_output=True,
             text=True,
             timeout=30,
