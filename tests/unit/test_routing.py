@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,3 +90,22 @@ def test_names_lists_every_name_then_alias_once() -> None:
 )
 def test_api_keys(keys: str, header: str | None, allowed: bool) -> None:
     assert parse_keys(keys).allows(header) is allowed
+
+
+SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
+
+
+def test_routing_and_auth_are_pure() -> None:
+    for module in ("routing.py", "auth.py"):
+        source = (SIDECAR / module).read_text()
+        assert "import aiohttp" not in source and "from aiohttp" not in source, module
+        assert "kr8s" not in source, module
+
+
+def test_only_upstream_makes_http_calls() -> None:
+    callers = sorted(
+        p.name
+        for p in SIDECAR.glob("*.py")
+        if "ClientSession(" in p.read_text() or "aiohttp.request(" in p.read_text()
+    )
+    assert callers == ["upstream.py"]
