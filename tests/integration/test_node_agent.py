@@ -254,8 +254,9 @@ def test_unknown_image_fails_the_pod_naming_the_image(kubectl: Kubectl, namespac
     assert "example.com/team/mystery:1.0" in waiting["message"]
 
 
-def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace: str) -> None:
-    rbac: list[dict[str, Any]] = [
+def pod_reader(namespace: str) -> list[dict[str, Any]]:
+    """A ServiceAccount `reader` that may list pods and nothing else."""
+    return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": "pod-reader"},
@@ -266,6 +267,10 @@ def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace
                      "name": "pod-reader"},
          "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
     ]
+
+
+def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace: str) -> None:
+    rbac = pod_reader(namespace)
 
     def client(name: str, *args: str) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -302,3 +307,26 @@ def test_failed_liveness_probe_restarts_the_container(kubectl: Kubectl, namespac
     assert "terminated" in restarted["lastState"]
     assert restarted["containerID"] != f"local://{first}"
 
+
+
+def test_init_container_completes_before_the_server_starts(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    pod = fake_model_pod("initialised")
+    pod["spec"]["serviceAccountName"] = "reader"
+    pod["spec"]["initContainers"] = [
+        {"name": "check", "image": "modelpool/testbed-client", "args": ["list", "pods"]}
+    ]
+    apply(kubectl, namespace, *pod_reader(namespace))
+    apply(kubectl, namespace, pod)
+
+    running_pid(kubectl, namespace, "initialised")
+    status = get_pod(kubectl, namespace, "initialised")
+    assert status is not None
+    [init] = status["status"]["initContainerStatuses"]
+    finished = init["state"]["terminated"]
+    assert (finished["exitCode"], finished["reason"]) == (0, "Completed")
+    started = container_status(status)["state"]["running"]["startedAt"]
+    assert started >= finished["finishedAt"]
+    conditions = {c["type"]: c["status"] for c in status["status"]["conditions"]}
+    assert conditions["Initialized"] == "True"

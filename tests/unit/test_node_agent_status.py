@@ -150,3 +150,27 @@ def test_restart_policy(policy: str, code: int, restart: bool) -> None:
 
 def test_backoff_doubles_up_to_the_cap() -> None:
     assert [backoff_seconds(n, 1.0, 10.0) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+def test_pod_is_pending_and_not_initialized_until_init_containers_complete() -> None:
+    init_running = rt("running", name="init", started_at=T0)
+    main = rt(name="c", reason="PodInitializing")
+    status = pod_status(POD, [main], "127.0.1.1", "127.0.0.1", T0, T1,
+                        init_containers=[init_running])
+    assert status["phase"] == "Pending"
+    initialized = next(c for c in status["conditions"] if c["type"] == "Initialized")
+    assert initialized["status"] == "False"
+    assert initialized["message"] == "containers with incomplete status: [init]"
+    assert status["initContainerStatuses"][0]["state"] == {"running": {"startedAt": T0}}
+    assert status["containerStatuses"][0]["state"]["waiting"]["reason"] == "PodInitializing"
+
+    init_done = rt("terminated", name="init", terminated=done(0))
+    status = pod_status(POD, [rt("running", started_at=T1)], "127.0.1.1", "127.0.0.1", T0, T1,
+                        init_containers=[init_done])
+    assert status["phase"] == "Running"
+    assert conditions(status)["Initialized"] == "True"
+
+
+def test_no_init_containers_no_init_statuses() -> None:
+    status = pod_status(POD, [rt("running", started_at=T0)], "127.0.1.1", "127.0.0.1", T0, T1)
+    assert "initContainerStatuses" not in status

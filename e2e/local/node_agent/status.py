@@ -157,12 +157,23 @@ def pod_status(
     start_time: str,
     now: str,
     failure: PodFailure | None = None,
+    init_containers: Sequence[ContainerRuntime] = (),
 ) -> dict[str, Any]:
-    """The `status` body for the pods/status subresource."""
+    """The `status` body for the pods/status subresource. Until every init container
+    has completed the pod is Pending and not Initialized."""
     spec = pod.get("spec", {})
     previous = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
-    current = failure is None and phase(spec.get("restartPolicy", "Always"), containers)
-    pod_phase = "Failed" if failure is not None else str(current)
+    incomplete = [
+        c.name
+        for c in init_containers
+        if c.state != "terminated" or c.terminated is None or c.terminated.exit_code != 0
+    ]
+    if failure is not None:
+        pod_phase = "Failed"
+    elif incomplete:
+        pod_phase = "Pending"
+    else:
+        pod_phase = phase(spec.get("restartPolicy", "Always"), containers)
     terminal = pod_phase in ("Failed", "Succeeded")
     unready = [c.name for c in containers if not c.ready]
     all_ready = not unready and not terminal
@@ -177,7 +188,14 @@ def pod_status(
         message = f"containers with unready status: [{' '.join(unready)}]"
     conditions = [
         _condition("PodReadyToStartContainers", True, previous, now),
-        _condition("Initialized", True, previous, now),
+        _condition(
+            "Initialized",
+            not incomplete,
+            previous,
+            now,
+            "ContainersNotInitialized",
+            f"containers with incomplete status: [{' '.join(incomplete)}]",
+        ),
         _condition("Ready", all_ready and gates_ok, previous, now, reason, message),
         _condition("ContainersReady", all_ready, previous, now, reason, message),
         _condition("PodScheduled", True, previous, now),
@@ -192,6 +210,8 @@ def pod_status(
         "startTime": start_time,
         "containerStatuses": [c.body() for c in containers],
     }
+    if init_containers:
+        status["initContainerStatuses"] = [c.body() for c in init_containers]
     if pod_ip:
         status["podIP"] = pod_ip
         status["podIPs"] = [{"ip": pod_ip}]

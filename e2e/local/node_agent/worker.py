@@ -108,6 +108,7 @@ class PodWorker:
         self.delete_when_stopped = True
         self.changed = asyncio.Event()
         self.runtimes: dict[str, ContainerRuntime] = {}
+        self.init_runtimes: dict[str, ContainerRuntime] = {}
         self.failure: PodFailure | None = None
         self.pod_ip = ""
         status = pod.get("status") or {}
@@ -143,6 +144,9 @@ class PodWorker:
         spec: Json = self.pod["spec"]
         return spec
 
+    def all_containers(self) -> list[Json]:
+        return [*(self.spec.get("initContainers") or []), *self.spec["containers"]]
+
     def grace_seconds(self) -> float:
         meta_grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
         grace = meta_grace if meta_grace is not None else self.spec.get(
@@ -154,9 +158,12 @@ class PodWorker:
 
     async def run(self) -> None:
         try:
-            await self._run()
-        except Exception:
-            self.log.exception("pod worker failed")
+            try:
+                await self._run()
+            except Exception as error:
+                # A fault of the agent itself: fail the pod loudly, keep it until deleted.
+                self.log.exception("pod worker failed")
+                await self._fail(f"node agent error: {type(error).__name__}: {error}")
         finally:
             # Only once every process has exited does the pod give up its GPUs.
             for process in list(self.live):
@@ -186,7 +193,13 @@ class PodWorker:
                 image_id=f"local://{image_repository(container['image'])}",
                 restart_count=int(previous.get(container["name"], {}).get("restartCount", 0)),
             )
-        unknown = [c for c in self.spec["containers"] if program_for(c["image"]) is None]
+        for container in self.spec.get("initContainers") or []:
+            self.init_runtimes[container["name"]] = ContainerRuntime(
+                name=container["name"],
+                image=container["image"],
+                image_id=f"local://{image_repository(container['image'])}",
+            )
+        unknown = [c for c in self.all_containers() if program_for(c["image"]) is None]
         if unknown:
             await self._fail_unknown_images(unknown)
             await self.terminate.wait()
@@ -204,6 +217,11 @@ class PodWorker:
             if not await self._prepare_volumes():
                 return
             syncer = asyncio.create_task(self._keep_volumes_current())
+            if not await self._run_init_containers():
+                if not self.terminate.is_set():
+                    await self._write_status()
+                    await self.terminate.wait()
+                return
             async with asyncio.TaskGroup() as group:
                 for container in self.spec["containers"]:
                     group.create_task(self._supervise(container))
@@ -219,6 +237,16 @@ class PodWorker:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
 
+    async def _fail(self, message: str) -> None:
+        for process in list(self.live):
+            await process.stop(self.grace_seconds())
+        self.failure = PodFailure(reason="NodeAgentError", message=message[:500])
+        try:
+            await self._write_status()
+        except ApiError as error:
+            self.log.error("could not report the failure: %s", error)
+        await self.terminate.wait()
+
     async def _fail_unknown_images(self, unknown: list[Json]) -> None:
         known = ", ".join(sorted(PROGRAMS))
         names = ", ".join(f'"{c["image"]}"' for c in unknown)
@@ -229,8 +257,9 @@ class PodWorker:
         self.log.error("%s", message)
         self.failure = PodFailure(reason="UnknownImage", message=message)
         for container in unknown:
-            self.runtimes[container["name"]] = replace(
-                self.runtimes[container["name"]],
+            runtimes = self.runtimes if container["name"] in self.runtimes else self.init_runtimes
+            runtimes[container["name"]] = replace(
+                runtimes[container["name"]],
                 reason="UnknownImage",
                 message=f'image "{container["image"]}" is not known to the local node agent',
             )
@@ -312,7 +341,7 @@ class PodWorker:
 
     async def _write_volumes(self, sources: Sources) -> None:
         settings = self.context.settings
-        containers = {c["name"]: c for c in self.spec["containers"]}
+        containers = {c["name"]: c for c in self.all_containers()}
         tokens = {source: token.text for source, token in self.tokens.items()}
         volume_dirs: dict[str, str] = {}
         for volume in self.spec.get("volumes") or []:
@@ -345,7 +374,7 @@ class PodWorker:
             files.write_file_atomically(
                 self.kubeconfig, yaml.safe_dump(config, sort_keys=False).encode()
             )
-        for container in self.spec["containers"]:
+        for container in self.all_containers():
             mounts = []
             for mount in container.get("volumeMounts") or []:
                 host = volume_dirs.get(mount["name"])
@@ -422,6 +451,74 @@ class PodWorker:
         mounts = self.mounts.get(name, [])
         argv = container_argv(settings.python, program, container, env, mounts)
         return argv, {**settings.base_env, **rewrite_env(env, mounts)}
+
+    async def _run_init_containers(self) -> bool:
+        """Run each init container to completion, in order, before any other container
+        starts; a failed one is retried with backoff unless restartPolicy is Never, which
+        fails the pod. False when the pod failed or is terminating."""
+        policy = self.spec.get("restartPolicy", "Always")
+        timing = self.context.settings.timing
+        for container in self.spec.get("initContainers") or []:
+            name = container["name"]
+            for runtime_name in self.runtimes:
+                self._set(runtime_name, reason="PodInitializing")
+            while not self.terminate.is_set():
+                try:
+                    argv, env = await self._command(container)
+                except (ConfigError, ApiError) as error:
+                    self.log.warning("init container %s: %s", name, error)
+                    self._set_init(name, state="waiting", reason="CreateContainerConfigError",
+                                   message=str(error)[:300])
+                    if await self._wait_terminate(timing.poll_seconds * 4):
+                        return False
+                    continue
+                process = await processes.start(
+                    argv, env, self.directory, self.directory / f"{name}.log"
+                )
+                self.live.add(process)
+                started_at = rfc3339(time.time())
+                self._set_init(name, state="running", reason="", started_at=started_at,
+                               container_id=f"local://{process.pid}", started=True)
+                code = await self._run_until_exit(container, process)
+                self.live.discard(process)
+                exit_code, reason, signal = processes.exit_reason(code)
+                terminated = Terminated(
+                    exit_code=exit_code, reason=reason, started_at=started_at,
+                    finished_at=rfc3339(time.time()), container_id=f"local://{process.pid}",
+                    signal=signal,
+                )
+                self.log.info("init container %s exited with %s", name, exit_code)
+                if exit_code == 0:
+                    self._set_init(name, state="terminated", terminated=terminated,
+                                   started=False, container_id="")
+                    break
+                if self.terminate.is_set() or policy == "Never":
+                    self._set_init(name, state="terminated", terminated=terminated,
+                                   started=False, container_id="")
+                    if policy == "Never":
+                        self.failure = PodFailure(
+                            reason="InitContainerFailed",
+                            message=f"init container {name} exited with {exit_code}",
+                        )
+                    return False
+                restart_count = self.init_runtimes[name].restart_count + 1
+                delay = restarts.backoff_seconds(
+                    restart_count, timing.backoff_base_seconds, timing.backoff_cap_seconds
+                )
+                self._set_init(name, state="waiting", reason="CrashLoopBackOff",
+                               last_terminated=terminated, restart_count=restart_count,
+                               started=False, container_id="")
+                if await self._wait_terminate(delay):
+                    return False
+            if self.terminate.is_set():
+                return False
+        for runtime_name in self.runtimes:
+            self._set(runtime_name, reason="ContainerCreating")
+        return True
+
+    def _set_init(self, name: str, **changes: Any) -> None:
+        self.init_runtimes[name] = replace(self.init_runtimes[name], **changes)
+        self.changed.set()
 
     async def _supervise(self, container: Json) -> None:
         name = container["name"]
@@ -600,6 +697,7 @@ class PodWorker:
             self.start_time,
             rfc3339(time.time()),
             self.failure,
+            [self.init_runtimes[c["name"]] for c in self.spec.get("initContainers") or []],
         )
         if body == self.last_written:
             return
