@@ -133,7 +133,7 @@ async def reconciler(
 
 
 def server(name: str, *, load_time: float = 0.5, fail_load: bool = False,
-           runtime: str = "llamacpp", idle: Json | None = None) -> Json:
+           runtime: str = "llamacpp", idle: Json | None = None, gpu: int = 1) -> Json:
     env = [{"name": "FAKE_MODEL_LOAD_TIME", "value": str(load_time)},
            {"name": "FAKE_MODEL_TOKENS_PER_SECOND", "value": "10"}]
     if fail_load:
@@ -143,7 +143,7 @@ def server(name: str, *, load_time: float = 0.5, fail_load: bool = False,
         "image": FAKE_MODEL,
         "model": f"/models/{name}.gguf",
         "env": env,
-        "resources": {"gpu": 1},
+        "resources": {"gpu": gpu},
     }
     if runtime == "llamacpp":
         spec["args"] = ["--mode", "llamacpp"]
@@ -455,3 +455,126 @@ async def test_an_idle_reconciler_makes_no_writes(
     assert after[2] == before[2], "the reconciler sent writes while idle"
     assert after[1] == before[1], "the reconciler posted Events while idle"
     assert after[0] == before[0]
+
+
+async def test_an_unreachable_idle_probe_fails_closed(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """The incumbent's idle endpoint answers 404 (a generic member whose idle metric lives
+    on a path it does not serve): IdleCheckFailed, and the incumbent is not unloaded."""
+    broken = server("a", runtime="generic", idle={"path": "/missing", "metric": "inflight"})
+    apply(kubectl, namespace, broken, server("b"), pool(["a", "b"], budget="20s"))
+    await ready_with(reconciler, "a")
+    await reconciler.request("b")
+
+    async def deferred() -> Json | None:
+        c = condition(await reconciler.pool(), "SwapDeferred")
+        return c if c and c["status"] == "True" and c["reason"] == "IdleCheckFailed" else None
+
+    c = await eventually(deferred, "SwapDeferred IdleCheckFailed", 20)
+    assert "404" in c["message"]
+    for _ in range(10):  # it stays so: probed again, failing closed each time
+        assert replicas(kubectl, namespace, "a") == 1
+        assert replicas(kubectl, namespace, "b") == 0
+        await asyncio.sleep(0.3)
+    assert reconciler.sample("modelpool_swap_deferrals_total", pool="slot",
+                             reason="IdleCheckFailed") == 1
+
+
+async def test_a_member_that_can_never_be_probed_is_reported_as_such(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    apply(kubectl, namespace, server("a", runtime="generic"), server("b"), pool(["a", "b"]))
+    await ready_with(reconciler, "a")
+    generation = await reconciler.request("b")
+
+    async def failed() -> Json | None:
+        status = (await reconciler.pool()).get("status") or {}
+        last = status.get("lastSwap") or {}
+        request = status.get("request") or {}
+        if last.get("outcome") == "Failed" and request.get("generation") != generation:
+            return status
+        return None
+
+    status = await eventually(failed, "the swap to fail", 20)
+    assert status["lastSwap"]["reason"] == "IdleProbeUnsupported"
+    assert status["lastSwap"]["generation"] == generation
+    assert status["request"].get("member") is None
+    assert status["residentMember"] == "a"
+    assert replicas(kubectl, namespace, "a") == 1
+    events = kubectl.json("get", "events", "-n", namespace,
+                          "--field-selector", "involvedObject.name=slot")
+    assert any("IdleProbeUnsupported" in e["message"] for e in events["items"])
+
+
+async def test_a_member_in_two_pools_stalls_both_until_fixed(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    # pools first: a ModelServer that no pool lists yet runs at its own spec.replicas;
+    # no GPUs: once fixed, both pools load a member and the testbed's node has one GPU
+    apply(kubectl, namespace, pool(["a", "b"], name="one"),
+          pool(["c", "b"], default="c", name="two"),
+          *(server(name, gpu=0) for name in ("a", "b", "c")))
+
+    async def both_stalled() -> bool | None:
+        for name in ("one", "two"):
+            c = condition(await reconciler.pool(name), "Stalled")
+            if not (c and c["status"] == "True" and c["reason"] == "MemberInTwoPools"):
+                return None
+        return True
+
+    await eventually(both_stalled, "both pools Stalled", 30)
+    for name in ("a", "b", "c"):
+        assert replicas(kubectl, namespace, name) in (None, 0), name  # nothing scaled
+    events = kubectl.json("get", "events", "-n", namespace)["items"]
+    assert {e["involvedObject"]["name"] for e in events if e["reason"] == "MemberInTwoPools"} \
+        == {"one", "two"}
+
+    apply(kubectl, namespace, pool(["c"], default="c", name="two"))
+    await eventually(
+        lambda: _resident(reconciler, "one", "a"), "pool one Ready with a", 60)
+    await eventually(
+        lambda: _resident(reconciler, "two", "c"), "pool two Ready with c", 60)
+
+
+async def _resident(running: Running, pool_name: str, member: str) -> bool | None:
+    status = (await running.pool(pool_name)).get("status") or {}
+    return True if status.get("residentMember") == member and status.get("phase") == "Ready" \
+        else None
+
+
+async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what_it_renders(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    apply(kubectl, namespace, server("a"), router(["a"]))
+
+    async def rendered() -> bool | None:
+        ok = kubectl("get", "role", "chat-router", "-n", namespace, check=False).returncode == 0
+        return True if ok else None
+
+    await eventually(rendered, "the router's Role", 30)
+    external = router(["a"])
+    external["spec"]["backends"] = [{"name": "ext", "url": "http://127.0.0.1:9"}]
+    external["spec"]["defaultRoute"] = "ext"
+    apply(kubectl, namespace, external)
+
+    async def pruned() -> bool | None:
+        for kind in ("role", "rolebinding", "serviceaccount"):
+            if kubectl("get", kind, "chat-router", "-n", namespace, check=False).returncode == 0:
+                return None
+        return True
+
+    await eventually(pruned, "the router's RBAC pruned", 30)
+    assert kubectl("get", "deployment", "chat-router", "-n", namespace,
+                   check=False).returncode == 0
+    # deleting the router removes all it owned (garbage collection follows the owners)
+    kubectl("delete", "modelrouter", "chat", "-n", namespace)
+
+    async def collected() -> bool | None:
+        for kind, name in (("deployment", "chat-router"), ("service", "chat-router"),
+                           ("configmap", "chat-config")):
+            if kubectl("get", kind, name, "-n", namespace, check=False).returncode == 0:
+                return None
+        return True
+
+    await eventually(collected, "the router's objects collected", 60)
