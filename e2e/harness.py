@@ -1,0 +1,517 @@
+"""Drives the whole system on a cluster the way a user does, for the e2e suite, demos and
+soak tests: install from the repo's manifests with kubectl, apply pools, read status.
+
+Everything goes through `kubectl` (a callable such as `e2e.local.fixtures.Kubectl`) and
+the public surfaces the system offers: the objects' status, the router pod's addresses,
+its `/metrics`. Nothing here imports the reconciler or the router.
+
+Install
+    `install(kubectl, scope=None)` runs `kubectl apply --server-side -k overlays/local`:
+    the CRDs, RBAC and the reconciler Deployment in `modelpool-system`, the reconciler in
+    a pod watching every namespace with leader election. `install(kubectl, scope=NS)`
+    applies the same objects except that the reconciler Deployment is replaced by a copy
+    named `scoped_reconciler_name(NS)` that watches only NS and elects no leader: tests
+    sharing one cluster (integration tests run their own reconciler in-process in their
+    namespaces) then never see two actors on one pool. Both wait until the CRDs are
+    Established and the reconciler pod is Ready; both return an `Installation`.
+    `uninstall_scope(kubectl, NS)` deletes that scoped Deployment.
+    `install_examples(kubectl)` applies `examples/` (`kubectl apply -k examples`).
+
+Objects (dicts ready for `apply`)
+    `fake_member(name, load_time=3.0, ...)` a ModelServer on `modelpool/fake-model`
+    (llama.cpp mode, so the reconciler's idle probe reads `/slots`),
+    `pool(name, members, default, swap_budget=...)`, `router(name, backends, ...)`.
+    `apply(kubectl, namespace, *objects)` server-side applies them as git would.
+
+Waiting and reading
+    `eventually(check, what, within)` polls `check()` until it returns non-None.
+    `get(kubectl, namespace, kind, name)`, `pool_status(...)`, `condition(obj, type)`,
+    `wait_pool_ready(kubectl, ns, pool, resident=None)` (phase Ready, Ready condition
+    True, observedGeneration current; returns the pool),
+    `wait_router_ready(kubectl, ns, router, replicas=None)` (ModelRouter Ready and that
+    many Ready router pods; returns them as `Pod`s).
+    `router_pods`, `member_pods(kubectl, ns, member=None)` list `Pod`s (name, ip, phase,
+    ready, pid of the first container, restarts); `pod_kubeconfig(node_state_dir, pod)`
+    is the kubeconfig the node agent wrote for that pod's ServiceAccount.
+    `base_url(pod)` is `http://<podIP>:8080/v1`; `metrics_url(pod)` is
+    `http://<podIP>:9090/metrics`.
+
+Sampling
+    `MemberWatch(kubectl, namespace)` (a context manager) follows member pods with a
+    `kubectl get pods --watch`, so no change is missed between samples; `.max_running`
+    is the largest number of distinct members whose pods were Running at one moment
+    and `.moments` the sets of members seen running after each change.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LOCAL_OVERLAY = REPO_ROOT / "overlays" / "local"
+EXAMPLES = REPO_ROOT / "examples"
+
+GROUP = "modelpool.dev"
+API_VERSION = f"{GROUP}/v1alpha1"
+SYSTEM_NAMESPACE = "modelpool-system"
+RECONCILER = "modelpool-reconciler"
+FAKE_MODEL_IMAGE = "modelpool/fake-model:e2e"
+ROUTER_IMAGE = "modelpool/router:e2e"
+LABEL_SERVER = "modelpool.dev/model-server"
+LABEL_ROUTER = "modelpool.dev/router"
+LABEL_SCOPE = "modelpool.dev/e2e-scope"
+CRDS = ("modelservers", "modelpools", "modelrouters")
+ROUTER_PORT = 8080
+ROUTER_METRICS_PORT = 9090
+POLL_SECONDS = 0.2
+
+Json = dict[str, Any]
+T = TypeVar("T")
+
+
+class KubectlLike(Protocol):
+    """What the harness needs of a kubectl runner (e2e.local.fixtures.Kubectl is one)."""
+
+    kubeconfig: Path
+    binary: str
+
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def json(self, *args: str) -> Any: ...
+
+
+# Waiting
+
+
+def eventually(check: Callable[[], T | None], what: str, within: float = 60.0) -> T:
+    """Poll `check` until it returns something other than None; fail naming `what`."""
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if result is not None:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
+        time.sleep(POLL_SECONDS)
+
+
+# Install
+
+
+@dataclass(frozen=True)
+class Installation:
+    """The installed system: which Deployment runs the reconciler, and for which scope."""
+
+    reconciler_deployment: str
+    scope: str | None
+    namespace: str = SYSTEM_NAMESPACE
+
+
+def scoped_reconciler_name(scope: str) -> str:
+    return f"{RECONCILER}-{scope}"
+
+
+def rendered_install(kubectl: KubectlLike, overlay: Path = LOCAL_OVERLAY) -> list[Json]:
+    """`kubectl kustomize <overlay>`: the documents a user's install applies, parsed."""
+    text = kubectl("kustomize", str(overlay)).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _scoped_deployment(deployment: Json, scope: str) -> Json:
+    """The reconciler Deployment, renamed, selecting its own pods, watching one namespace.
+
+    No leader election: two scopes would contend for the one Lease the base names, and a
+    scope has one replica anyway."""
+    copy: Json = json.loads(json.dumps(deployment))
+    copy["metadata"]["name"] = scoped_reconciler_name(scope)
+    copy["metadata"].setdefault("labels", {})[LABEL_SCOPE] = scope
+    copy["spec"]["selector"]["matchLabels"][LABEL_SCOPE] = scope
+    copy["spec"]["template"]["metadata"]["labels"][LABEL_SCOPE] = scope
+    container = copy["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = ["run", "--namespace", scope, "--probe-interval", "0.5"]
+    return copy
+
+
+def install(
+    kubectl: KubectlLike,
+    scope: str | None = None,
+    overlay: Path = LOCAL_OVERLAY,
+    within: float = 90.0,
+) -> Installation:
+    """Install modelpool from `overlay`; see the module docstring for `scope`."""
+    if scope is None:
+        kubectl("apply", "--server-side", "--force-conflicts", "-k", str(overlay), timeout=within)
+        installation = Installation(RECONCILER, None)
+    else:
+        documents = []
+        for doc in rendered_install(kubectl, overlay):
+            if doc.get("kind") == "Deployment" and doc["metadata"]["name"] == RECONCILER:
+                doc = _scoped_deployment(doc, scope)
+            documents.append(doc)
+        kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-",
+            input=yaml.safe_dump_all(documents), timeout=within,
+        )
+        installation = Installation(scoped_reconciler_name(scope), scope)
+    for plural in CRDS:
+        kubectl("wait", "--for=condition=Established", f"crd/{plural}.{GROUP}",
+                f"--timeout={int(within)}s", timeout=within + 5)
+    wait_reconciler_ready(kubectl, installation, within)
+    return installation
+
+
+def install_examples(kubectl: KubectlLike, examples: Path = EXAMPLES) -> None:
+    """`kubectl apply -k examples/` (namespace modelpool-demo)."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-k", str(examples))
+
+
+def wait_reconciler_ready(
+    kubectl: KubectlLike, installation: Installation, within: float = 90.0
+) -> Pod:
+    """The reconciler's pod, once Ready (its /readyz answers after the first list)."""
+    selector = "app.kubernetes.io/name=modelpool-reconciler"
+    if installation.scope is not None:
+        selector += f",{LABEL_SCOPE}={installation.scope}"
+
+    def ready() -> Pod | None:
+        pods = [p for p in list_pods(kubectl, installation.namespace, selector) if p.ready]
+        if installation.scope is None:
+            pods = [p for p in pods if LABEL_SCOPE not in p.labels]
+        return pods[0] if pods else None
+
+    return eventually(ready, f"the reconciler {installation.reconciler_deployment} Ready",
+                      within)
+
+
+def uninstall_scope(kubectl: KubectlLike, scope: str) -> None:
+    kubectl("delete", "deployment", scoped_reconciler_name(scope), "-n", SYSTEM_NAMESPACE,
+            "--ignore-not-found", "--wait=false", check=False)
+
+
+# Objects
+
+
+def fake_member(
+    name: str,
+    load_time: float = 3.0,
+    tokens_per_second: float = 50.0,
+    env: Mapping[str, str] | None = None,
+    image: str = FAKE_MODEL_IMAGE,
+) -> Json:
+    """A ModelServer served by the fake model server in llama.cpp mode (model id `name`)."""
+    variables = {
+        "FAKE_MODEL_LOAD_TIME": str(load_time),
+        "FAKE_MODEL_TOKENS_PER_SECOND": str(tokens_per_second),
+        **(env or {}),
+    }
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ModelServer",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": "llamacpp",
+            "image": image,
+            "model": f"/models/{name}.gguf",
+            "args": ["--mode", "llamacpp"],
+            "env": [{"name": k, "value": v} for k, v in variables.items()],
+            "resources": {"gpu": 1},
+        },
+    }
+
+
+def pool(
+    name: str,
+    members: Sequence[str],
+    default: str | None = None,
+    swap_budget: str = "60s",
+    **extra: Any,
+) -> Json:
+    spec: Json = {"members": [{"name": m} for m in members], "swapBudget": swap_budget, **extra}
+    if default is not None:
+        spec["default"] = default
+    return {"apiVersion": API_VERSION, "kind": "ModelPool", "metadata": {"name": name},
+            "spec": spec}
+
+
+def router(
+    name: str,
+    backends: Sequence[str],
+    default_route: str | None = None,
+    replicas: int = 1,
+    response_header_timeout: str = "600s",
+    max_held_requests: int | None = None,
+    image: str = ROUTER_IMAGE,
+) -> Json:
+    proxy: Json = {
+        "replicas": replicas,
+        "image": image,
+        "responseHeaderTimeout": response_header_timeout,
+    }
+    if max_held_requests is not None:
+        proxy["maxHeldRequests"] = max_held_requests
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ModelRouter",
+        "metadata": {"name": name},
+        "spec": {
+            "backends": [{"name": b, "modelServerRef": {"name": b}} for b in backends],
+            "defaultRoute": default_route or backends[0],
+            "proxy": proxy,
+        },
+    }
+
+
+def apply(kubectl: KubectlLike, namespace: str, *objects: Json) -> None:
+    """Server-side apply, field manager `kubectl`, as `kubectl apply --server-side` from git."""
+    text = yaml.safe_dump_all(list(objects))
+    kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=text)
+
+
+# Reading
+
+
+def get(kubectl: KubectlLike, namespace: str, kind: str, name: str) -> Json:
+    result: Json = kubectl.json("get", kind, name, "-n", namespace)
+    return result
+
+
+def pool_status(kubectl: KubectlLike, namespace: str, name: str) -> Json:
+    status: Json = get(kubectl, namespace, f"modelpools.{GROUP}", name).get("status") or {}
+    return status
+
+
+def condition(obj: Json, type_: str) -> Json | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def is_ready(obj: Json) -> bool:
+    """kstatus: Ready condition True for the current generation."""
+    ready = condition(obj, "Ready")
+    observed = (obj.get("status") or {}).get("observedGeneration")
+    return (
+        ready is not None
+        and ready.get("status") == "True"
+        and observed == obj["metadata"].get("generation")
+    )
+
+
+def wait_pool_ready(
+    kubectl: KubectlLike,
+    namespace: str,
+    name: str,
+    resident: str | None = None,
+    within: float = 60.0,
+) -> Json:
+    """The pool once phase Ready and Ready (kstatus), with `resident` when given."""
+
+    def check() -> Json | None:
+        obj = get(kubectl, namespace, f"modelpools.{GROUP}", name)
+        status = obj.get("status") or {}
+        if status.get("phase") != "Ready" or not is_ready(obj):
+            return None
+        if resident is not None and status.get("residentMember") != resident:
+            return None
+        return obj
+
+    return eventually(check, f"pool {namespace}/{name} Ready with {resident or 'any member'}",
+                      within)
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    namespace: str
+    uid: str
+    ip: str | None
+    phase: str
+    ready: bool
+    terminating: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pid: int | None = None
+    restarts: int = 0
+
+
+def pod_from(obj: Json) -> Pod:
+    meta = obj["metadata"]
+    status = obj.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    pid = None
+    if containers:
+        container_id = str(containers[0].get("containerID") or "")
+        if container_id.startswith("local://"):
+            pid = int(container_id.removeprefix("local://"))
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return Pod(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        uid=meta["uid"],
+        ip=status.get("podIP"),
+        phase=status.get("phase") or "Pending",
+        ready=ready,
+        terminating=meta.get("deletionTimestamp") is not None,
+        labels=dict(meta.get("labels") or {}),
+        pid=pid,
+        restarts=sum(int(c.get("restartCount") or 0) for c in containers),
+    )
+
+
+def list_pods(kubectl: KubectlLike, namespace: str, selector: str) -> list[Pod]:
+    items = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    return sorted((pod_from(p) for p in items), key=lambda p: p.name)
+
+
+def router_pods(kubectl: KubectlLike, namespace: str, router_name: str) -> list[Pod]:
+    return list_pods(kubectl, namespace, f"{LABEL_ROUTER}={router_name}")
+
+
+def member_pods(kubectl: KubectlLike, namespace: str, member: str | None = None) -> list[Pod]:
+    selector = LABEL_SERVER if member is None else f"{LABEL_SERVER}={member}"
+    return list_pods(kubectl, namespace, selector)
+
+
+def wait_router_ready(
+    kubectl: KubectlLike,
+    namespace: str,
+    name: str,
+    replicas: int | None = None,
+    within: float = 60.0,
+) -> list[Pod]:
+    """The router's Ready pods once the ModelRouter is Ready and `replicas` of them (the
+    spec's count when None) are Ready and none is terminating."""
+
+    def check() -> list[Pod] | None:
+        obj = get(kubectl, namespace, f"modelrouters.{GROUP}", name)
+        if not is_ready(obj):
+            return None
+        wanted = replicas if replicas is not None else int(
+            ((obj["spec"].get("proxy") or {}).get("replicas")) or 1
+        )
+        pods = router_pods(kubectl, namespace, name)
+        ready = [p for p in pods if p.ready and not p.terminating and p.ip]
+        return ready if len(ready) == wanted and len(pods) == wanted else None
+
+    return eventually(check, f"router {namespace}/{name} Ready", within)
+
+
+def base_url(pod: Pod, port: int = ROUTER_PORT) -> str:
+    """The OpenAI base URL of a router pod."""
+    return f"http://{pod.ip}:{port}/v1"
+
+
+def metrics_url(pod: Pod, port: int = ROUTER_METRICS_PORT) -> str:
+    return f"http://{pod.ip}:{port}/metrics"
+
+
+def pod_directory(node_state_dir: Path, pod: Pod) -> Path:
+    """Where the local node agent keeps the pod's files (logs, volumes, kubeconfig)."""
+    return node_state_dir / "pods" / f"{pod.namespace}_{pod.name}_{pod.uid}"
+
+
+def pod_kubeconfig(node_state_dir: Path, pod: Pod) -> Path:
+    """The kubeconfig holding the token of the pod's ServiceAccount (local node agent)."""
+    return pod_directory(node_state_dir, pod) / "kubeconfig"
+
+
+# Sampling
+
+
+class MemberWatch:
+    """Follows the member pods of a namespace through a watch; every change is a sample.
+
+    A member counts as running while any of its pods is in phase Running (a terminating
+    pod still runs until its process exits, and so still holds the GPU)."""
+
+    def __init__(self, kubectl: KubectlLike, namespace: str) -> None:
+        self._argv = [
+            kubectl.binary, f"--kubeconfig={kubectl.kubeconfig}", "get", "pods",
+            "-n", namespace, "-l", LABEL_SERVER, "--watch", "--output-watch-events",
+            "-o", "json",
+        ]
+        self._pods: dict[str, Pod] = {}
+        self._lock = threading.Lock()
+        self.moments: list[frozenset[str]] = []
+        self.events = 0
+        self._process: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> MemberWatch:
+        self._process = subprocess.Popen(
+            self._argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(10)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        decoder = json.JSONDecoder()
+        buffer = ""
+        for line in self._process.stdout:
+            buffer += line
+            while True:
+                stripped = buffer.lstrip()
+                if not stripped:
+                    buffer = ""
+                    break
+                try:
+                    event, end = decoder.raw_decode(stripped)
+                except ValueError:
+                    buffer = stripped
+                    break
+                buffer = stripped[end:]
+                self._record(event)
+
+    def _record(self, event: Json) -> None:
+        pod = pod_from(event["object"])
+        with self._lock:
+            if event.get("type") == "DELETED":
+                self._pods.pop(pod.uid, None)
+            else:
+                self._pods[pod.uid] = pod
+            self.events += 1
+            self.moments.append(self._running())
+
+    def _running(self) -> frozenset[str]:
+        return frozenset(
+            p.labels.get(LABEL_SERVER, "?") for p in self._pods.values() if p.phase == "Running"
+        )
+
+    @property
+    def running(self) -> frozenset[str]:
+        with self._lock:
+            return self._running()
+
+    @property
+    def max_running(self) -> int:
+        with self._lock:
+            return max((len(m) for m in self.moments), default=0)
+
+    def overlaps(self) -> list[frozenset[str]]:
+        """The moments when more than one member ran."""
+        with self._lock:
+            return [m for m in self.moments if len(m) > 1]
+
