@@ -75,22 +75,62 @@ def check_tiers(items: Sequence[pytest.Item]) -> None:
         )
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
-    """The local cluster: a running one when asked to reuse it, else a fresh one."""
+class _SessionCluster:
+    """The one cluster of this pytest process.
+
+    tests/conftest.py and e2e/tests/conftest.py both import the `cluster` fixture, which
+    makes two session fixtures; both hand out this one cluster, and the last to finish
+    takes it down (when it was started here rather than reused).
+    """
+
+    def __init__(self) -> None:
+        self.cluster: controlplane.LocalCluster | None = None
+        self.owned = False
+        self.users = 0
+
+    def acquire(self, tmp_path_factory: pytest.TempPathFactory) -> controlplane.LocalCluster:
+        if self.cluster is None:
+            self.cluster, self.owned = _reused_or_new(tmp_path_factory)
+        self.users += 1
+        return self.cluster
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self.cluster is not None:
+            if self.owned:
+                controlplane.down(self.cluster.state_dir)
+            self.cluster = None
+
+
+def _reused_or_new(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[controlplane.LocalCluster, bool]:
     env = os.environ
     if env.get("MODELPOOL_REUSE_CLUSTER") == "1":
         state = Path(env.get("MODELPOOL_STATE_DIR") or default_state_dir(env, Path.home()))
         running = controlplane.healthy(state)
         if running is not None:
-            yield running
-            return
+            return running, False
     state = tmp_path_factory.mktemp("cluster", numbered=True)
     options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
     try:
-        yield controlplane.up(options)
-    finally:
+        return controlplane.up(options), True
+    except BaseException:
         controlplane.down(state)
+        raise
+
+
+_SESSION = _SessionCluster()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
+    """The local cluster: a running one when asked to reuse it, else a fresh one."""
+    shared = _SESSION.acquire(tmp_path_factory)
+    try:
+        yield shared
+    finally:
+        _SESSION.release()
 
 
 @pytest.fixture
