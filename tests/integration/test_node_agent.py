@@ -7,6 +7,9 @@ environment and argv) and the files its volumes became."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -330,3 +333,58 @@ def test_init_container_completes_before_the_server_starts(
     assert started >= finished["finishedAt"]
     conditions = {c["type"]: c["status"] for c in status["status"]["conditions"]}
     assert conditions["Initialized"] == "True"
+
+
+def test_agent_registers_its_node_and_stops_its_pods_on_sigterm(
+    kubectl: Kubectl, namespace: str, kubeconfig: Path, tmp_path: Path
+) -> None:
+    node = f"{namespace}-node"
+    argv = [sys.executable, "-m", "e2e.local.node_agent", f"--kubeconfig={kubeconfig}",
+            f"--node-name={node}", "--gpus=2", f"--state-dir={tmp_path / 'state'}",
+            "--pod-network=127.254.0.0/16", "--unschedulable"]
+    with (tmp_path / "agent.log").open("wb") as log:
+        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def ready_node() -> dict[str, Any] | None:
+            result = kubectl("get", "node", node, "-o", "json", check=False)
+            if result.returncode:
+                return None
+            found: dict[str, Any] = json.loads(result.stdout)
+            conditions = found.get("status", {}).get("conditions") or []
+            ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            return found if ok else None
+
+        registered = wait_for("the node Ready", ready_node)
+        assert registered["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+        assert registered["status"]["capacity"]["nvidia.com/gpu"] == "2"
+        assert {"type": "InternalIP", "address": "127.0.0.1"} in registered["status"]["addresses"]
+        assert registered["spec"]["unschedulable"] is True
+        lease = kubectl.json("get", "lease", node, "-n", "kube-node-lease")
+        assert lease["spec"]["holderIdentity"] == node
+
+        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1}
+        pod = fake_model_pod("pinned", "--unload-time", "1", readinessProbe=probe,
+                             resources={"limits": {"nvidia.com/gpu": 2}})
+        pod["spec"]["nodeName"] = node
+        apply(kubectl, namespace, pod)
+        pid = running_pid(kubectl, namespace, "pinned")
+        ready = wait_for("the pinned pod ready", lambda: (
+            p if is_ready(p := get_pod(kubectl, namespace, "pinned")) else None
+        ))
+        assert ready["status"]["podIP"].startswith("127.254.")
+        assert process_env(pid)["NVIDIA_VISIBLE_DEVICES"] == "0,1"
+
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0
+        assert not Path(f"/proc/{pid}").exists()
+        # The agent stopped its pods but deleted nothing: a restarted agent runs them again.
+        after = get_pod(kubectl, namespace, "pinned")
+        assert after is not None and not after["metadata"].get("deletionTimestamp")
+        assert "node agent stopped" in (tmp_path / "agent.log").read_text()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        kubectl("delete", "pod", "pinned", "-n", namespace, "--grace-period=0", "--force",
+                "--ignore-not-found", check=False)
+        kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)

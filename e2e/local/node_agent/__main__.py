@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-pods", type=int, default=110)
     parser.add_argument("--pod-network", default="127.0.0.0/16",
                         help="pod addresses are taken from here (never 127.0.0.1)")
+    parser.add_argument("--unschedulable", action="store_true",
+                        help="register the node cordoned (pods must name it in nodeName)")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -65,6 +67,7 @@ def build_settings(args: argparse.Namespace) -> AgentSettings:
         memory=args.memory,
         max_pods=args.max_pods,
         pod_network=args.pod_network,
+        unschedulable=args.unschedulable,
     )
 
 

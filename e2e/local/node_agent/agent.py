@@ -48,6 +48,7 @@ class Agent:
             memory=settings.memory,
             pods=settings.max_pods,
             address=settings.host_ip,
+            unschedulable=settings.unschedulable,
         )
         self.workers: dict[str, PodWorker] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}

@@ -20,6 +20,8 @@ class NodeShape:
     pods: int
     address: str = "127.0.0.1"
     version: str = "v0.0.0-modelpool-local"
+    # Registered cordoned: only pods that name the node in spec.nodeName land on it.
+    unschedulable: bool = False
 
 
 def node_body(shape: NodeShape) -> dict[str, Any]:
@@ -35,7 +37,7 @@ def node_body(shape: NodeShape) -> dict[str, Any]:
                 "modelpool.dev/local-node": "true",
             },
         },
-        "spec": {},
+        "spec": {"unschedulable": True} if shape.unschedulable else {},
     }
 
 

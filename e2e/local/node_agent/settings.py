@@ -47,6 +47,7 @@ class AgentSettings:
     max_pods: int = 110
     host_ip: str = "127.0.0.1"
     pod_network: str = "127.0.0.0/16"
+    unschedulable: bool = False
     timing: Timing = field(default_factory=Timing)
 
     @property
