@@ -67,6 +67,7 @@ ROUTER_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
 )
 
+_COMMON_TEMPLATE = "_common.j2"  # macros the others import
 _SERVER_TEMPLATES = ("model-server/deployment.yaml.j2", "model-server/service.yaml.j2")
 _ROUTER_RBAC_TEMPLATES = (
     "router/serviceaccount.yaml.j2",
@@ -156,9 +157,11 @@ class Renderer:
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=True,
+            # Templates are read here, once; rendering never touches the disk again.
+            auto_reload=False,
         )
         self._env.filters["json"] = json.dumps
-        names = (*_SERVER_TEMPLATES, *_ROUTER_RBAC_TEMPLATES, *_ROUTER_TEMPLATES)
+        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, *_ROUTER_RBAC_TEMPLATES, *_ROUTER_TEMPLATES)
         self._templates = {name: self._env.get_template(name) for name in names}
 
     def _render(self, names: Sequence[str], context: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -451,6 +451,14 @@ def test_templates_dir_can_be_overridden(tmp_path: Path) -> None:
     assert _one(objects, "Service")["spec"]["type"] == "NodePort"
 
 
+def test_templates_are_read_once_at_construction(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "templates", tmp_path / "t")
+    renderer = Renderer(tmp_path / "t")
+    shutil.rmtree(tmp_path / "t")
+    assert renderer.model_server(GEMMA, replicas=1, owner_uid=None)
+    assert renderer.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None)
+
+
 def test_undefined_template_variables_fail(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "templates", tmp_path / "t")
     service = tmp_path / "t" / "model-server" / "service.yaml.j2"
