@@ -194,8 +194,14 @@ class Proxy:
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
     """The whole body, read once, refused past `limit` bytes without reading the rest."""
-    if request.content_length is not None and request.content_length > limit:
-        raise errors.body_too_large(limit)
+    length = request.content_length
+    if length is not None:
+        if length > limit:
+            raise errors.body_too_large(limit)
+        try:
+            return await request.content.readexactly(length)
+        except asyncio.IncompleteReadError as e:
+            raise errors.bad_request("Request body ended before its Content-Length.") from e
     chunks = bytearray()
     async for chunk in request.content.iter_any():
         chunks += chunk

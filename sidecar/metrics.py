@@ -60,6 +60,9 @@ class RouterMetrics:
             buckets=_TTFB_BUCKETS,
             registry=registry,
         )
+        self._requests: dict[tuple[str, int], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
+        self._ttfb: dict[str, Histogram] = {}
         self.upstream_errors_total = Counter(
             PREFIX + "upstream_errors_total",
             "Failed upstream calls, by backend and kind (connect, timeout, disconnect).",
@@ -79,12 +82,26 @@ class RouterMetrics:
     def coalesced(self, pool: str, member: str) -> None:
         self.coalesced_total.labels(self.router, pool, member).inc()
 
+    # The per-request helpers keep their children: `labels()` takes a lock and builds a
+    # key on every call, a cost paid on every proxied request. Label values are bounded
+    # (backend names and status codes), and so are these caches.
+
     def request_done(self, model: str, code: int, seconds: float) -> None:
-        self.requests_total.labels(self.router, model, str(code)).inc()
-        self.request_duration_seconds.labels(self.router, model).observe(seconds)
+        counter = self._requests.get((model, code))
+        if counter is None:
+            counter = self.requests_total.labels(self.router, model, str(code))
+            self._requests[(model, code)] = counter
+        counter.inc()
+        self._by_model(self._durations, self.request_duration_seconds, model).observe(seconds)
 
     def first_byte(self, model: str, seconds: float) -> None:
-        self.time_to_first_byte_seconds.labels(self.router, model).observe(seconds)
+        self._by_model(self._ttfb, self.time_to_first_byte_seconds, model).observe(seconds)
+
+    def _by_model(self, cache: dict[str, Histogram], family: Histogram, model: str) -> Histogram:
+        child = cache.get(model)
+        if child is None:
+            child = cache[model] = family.labels(self.router, model)
+        return child
 
     def upstream_error(self, backend: str, kind: str) -> None:
         self.upstream_errors_total.labels(self.router, backend, kind).inc()
