@@ -433,3 +433,23 @@ async def test_an_unknown_image_fails_its_pod_with_a_reason_naming_it(
     assert "nobody/no-such-model" in status.get("message", "") + waiting.get("message", "")
     assert status.get("reason") or waiting.get("reason")
 
+
+
+async def test_pod_security_admission_refuses_a_pod_on_the_host_network(
+    api: kr8s.asyncio.Api, namespace: str
+) -> None:
+    """The test namespaces enforce the `baseline` level: host namespaces are refused."""
+    on_host = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "on-host"},
+        "spec": {
+            "hostNetwork": True,
+            "containers": [{"name": "c", "image": FAKE_MODEL_IMAGE}],
+        },
+    }
+    with pytest.raises(kr8s.ServerError) as refused:
+        await create(api, namespace, on_host)
+    assert refused.value.response is not None
+    assert refused.value.response.status_code == 403
+    assert "violates PodSecurity" in str(refused.value)
