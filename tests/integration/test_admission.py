@@ -373,6 +373,13 @@ def test_install_passes_a_server_side_dry_run(crds: None, kubectl: Kubectl) -> N
     assert all(line.endswith("(server dry run)") for line in lines), result.stdout
 
 
+def test_examples_pass_admission(crds: None, kubectl: Kubectl, namespace: str) -> None:
+    files = [str(ROOT / "examples" / f) for f in ("model-servers.yaml", "pool.yaml", "router.yaml")]
+    args = [arg for f in files for arg in ("-f", f)]
+    result = kubectl("apply", "--server-side", "--dry-run=server", "-n", namespace, *args)
+    assert result.stdout.count("(server dry run)") == 4, result.stdout
+
+
 def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     obj = json.loads(json.dumps(obj))
     obj["metadata"]["namespace"] = namespace
