@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import fcntl
 import os
 import threading
@@ -22,7 +23,11 @@ import openai
 import pytest
 from kr8s.asyncio.objects import object_from_spec
 
+from e2e.local import certs
 from e2e.local.controlplane import LocalCluster
+from e2e.local.fixtures import Kubectl
+from e2e.local.kubeconfig import render as render_kubeconfig
+from e2e.local.kubeconfig import write as write_kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -453,3 +458,30 @@ async def test_pod_security_admission_refuses_a_pod_on_the_host_network(
     assert refused.value.response is not None
     assert refused.value.response.status_code == 403
     assert "violates PodSecurity" in str(refused.value)
+
+
+def test_a_node_identity_is_held_by_node_authorization_and_node_restriction(
+    cluster: LocalCluster, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """A kubelet's credentials (user `system:node:<name>`): only the Node authorizer
+    lets them read their Node (RBAC binds nothing to `system:nodes`); they may not list
+    Secrets; NodeRestriction refuses them a `node-restriction.kubernetes.io/` label."""
+    layout = cluster.layout
+    ca = certs.Issued(layout.cert("ca").read_bytes(), layout.key("ca").read_bytes())
+    node_name = cluster.settings.node_name
+    identity = certs.Identity(f"system:node:{node_name}", organizations=("system:nodes",))
+    issued = certs.issue(ca, identity, dt.datetime.now(dt.UTC))
+    node_config = tmp_path / "node.kubeconfig"
+    text = render_kubeconfig(
+        cluster.settings.server, ca.cert_pem, identity.common_name, issued.cert_pem, issued.key_pem
+    )
+    write_kubeconfig(node_config, text)
+    as_node = Kubectl(node_config, kubectl.binary)
+
+    assert as_node("get", "node", node_name, "-o", "name").stdout.strip() == f"node/{node_name}"
+    secrets = as_node("get", "secrets", "-n", namespace, check=False)
+    assert secrets.returncode != 0 and "forbidden" in secrets.stderr.lower()
+    label = as_node(
+        "label", "node", node_name, "node-restriction.kubernetes.io/pool=x", check=False
+    )
+    assert label.returncode != 0 and "forbidden" in label.stderr.lower()
