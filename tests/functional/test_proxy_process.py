@@ -27,13 +27,20 @@ pytestmark = pytest.mark.functional
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 STANDIN = "tests.functional.standin_router"
+# The real Activation against an in-memory API server where coder is resident and a
+# request for gemma is never served.
+FAKE_KUBE = "tests.functional.standin_router --fake-kube"
 # The real entry point with the real Activation (url backends need no cluster).
 REAL = "sidecar"
+# Per mode: the model whose requests stay held, and a model served at once.
+HELD_MODEL = {STANDIN: "held", FAKE_KUBE: "gemma"}
+SERVED_MODEL = {STANDIN: "alpha", FAKE_KUBE: "coder"}
 
 
 @dataclass
 class RouterProcess:
     process: asyncio.subprocess.Process
+    mode: str
     url: str
     metrics_url: str
     config_path: Path
@@ -51,13 +58,37 @@ def _write_atomically(path: Path, raw: dict[str, Any] | str) -> None:
     tmp.replace(path)
 
 
-def _config(upstream_url: str, *extra: dict[str, Any]) -> dict[str, Any]:
+def _config(upstream_url: str, *extra: dict[str, Any], pooled: bool = False) -> dict[str, Any]:
+    def member(name: str) -> dict[str, Any]:
+        return {
+            **url_backend(name, ""),
+            "url": None,
+            "service": name,
+            "modelServer": name,
+            "pool": "heavy",
+        }
+
+    if not pooled:
+        return config_json(
+            [
+                url_backend("alpha", upstream_url),
+                url_backend("held", upstream_url, pool="heavy"),
+                *extra,
+            ]
+        )
     return config_json(
-        [
-            url_backend("alpha", upstream_url),
-            url_backend("held", upstream_url, pool="heavy"),
-            *extra,
-        ]
+        [url_backend("alpha", upstream_url), member("coder"), member("gemma"), *extra],
+        pools=[
+            {
+                "name": "heavy",
+                "members": ["coder", "gemma"],
+                "default": "coder",
+                "swapPolicy": "sticky",
+                "swapBudgetSeconds": 300,
+                "maxWaitSeconds": None,
+                "minResidencySeconds": 0,
+            }
+        ],
     )
 
 
@@ -85,7 +116,7 @@ async def router(
     module = getattr(request, "param", STANDIN)
     async with serve_app(FakeUpstream().app()) as upstream_url:
         config_path = tmp_path / "config.json"
-        _write_atomically(config_path, _config(upstream_url))
+        _write_atomically(config_path, _config(upstream_url, pooled=module == FAKE_KUBE))
         port, metrics_port = free_port(HOST), free_port(HOST)
         log_path = tmp_path / "router.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MODELPOOL_")}
@@ -94,7 +125,7 @@ async def router(
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                module,
+                *module.split(),
                 "--config",
                 str(config_path),
                 "--host",
@@ -112,6 +143,7 @@ async def router(
             )
         proc = RouterProcess(
             process,
+            module,
             f"http://{HOST}:{port}",
             f"http://{HOST}:{metrics_port}",
             config_path,
@@ -163,6 +195,7 @@ def _events(chunks: list[bytes]) -> list[str]:
     return [e for e in b"".join(chunks).decode().split("\n\n") if e]
 
 
+@pytest.mark.parametrize("router", [STANDIN, FAKE_KUBE], indirect=True)
 async def test_sigterm_answers_held_with_503_and_finishes_in_flight(
     router: RouterProcess, http: aiohttp.ClientSession
 ) -> None:
@@ -171,17 +204,20 @@ async def test_sigterm_answers_held_with_503_and_finishes_in_flight(
         _read_stream(
             http,
             router.url,
-            {"model": "alpha", "stream": True, "x_chunks": 15, "x_interval": 0.1},
+            {"model": SERVED_MODEL[router.mode], "stream": True, "x_chunks": 15, "x_interval": 0.1},
             streaming,
         )
     )
     held = asyncio.create_task(
-        http.post(router.url + "/v1/chat/completions", json={"model": "held"})
+        http.post(router.url + "/v1/chat/completions", json={"model": HELD_MODEL[router.mode]})
     )
     await streaming.wait()
 
     async def is_held() -> bool:
-        return await _metric(http, router, "modelpool_held_requests", member="held") == 1
+        return (
+            await _metric(http, router, "modelpool_held_requests", member=HELD_MODEL[router.mode])
+            == 1
+        )
 
     await _until("a request is held", is_held)
     router.process.send_signal(signal.SIGTERM)
