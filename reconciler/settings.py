@@ -54,6 +54,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-namespace", default=None,
                    help="namespace of the leader Lease (default: POD_NAMESPACE or "
                         "modelpool-system)")
+    p.add_argument("--lease-duration", type=float, default=15.0,
+                   help="seconds a leader's Lease lasts unrenewed (renewed every third)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -70,7 +72,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         workers=max(1, args.workers),
         log_level=args.log_level,
         leader=LeaderSettings(
-            enabled=args.leader_elect, namespace=lease_namespace, identity=identity
+            enabled=args.leader_elect,
+            namespace=lease_namespace,
+            identity=identity,
+            lease_seconds=args.lease_duration,
+            renew_seconds=args.lease_duration / 3,
+            retry_seconds=min(2.0, args.lease_duration / 5),
         ),
         swap=SwapSettings(probe_interval_seconds=args.probe_interval),
     )

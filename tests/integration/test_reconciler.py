@@ -133,7 +133,12 @@ async def reconciler(
 
 
 def server(name: str, *, load_time: float = 0.5, fail_load: bool = False,
-           runtime: str = "llamacpp", idle: Json | None = None, gpu: int = 1) -> Json:
+           runtime: str = "llamacpp", idle: Json | None = None, gpu: int = 0) -> Json:
+    """A member run by the fake model server. No GPU by default: the testbed's node has
+    one, shared by every test namespace (and by whoever else uses a reused cluster), so a
+    GPU request would make these tests wait on others. Without the scheduler's help the
+    reconciler alone must keep two members from running at once, which the tests sample.
+    """
     env = [{"name": "FAKE_MODEL_LOAD_TIME", "value": str(load_time)},
            {"name": "FAKE_MODEL_TOKENS_PER_SECOND", "value": "10"}]
     if fail_load:
@@ -510,11 +515,10 @@ async def test_a_member_that_can_never_be_probed_is_reported_as_such(
 async def test_a_member_in_two_pools_stalls_both_until_fixed(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:
-    # pools first: a ModelServer that no pool lists yet runs at its own spec.replicas;
-    # no GPUs: once fixed, both pools load a member and the testbed's node has one GPU
+    # pools first: a ModelServer that no pool lists yet runs at its own spec.replicas
     apply(kubectl, namespace, pool(["a", "b"], name="one"),
           pool(["c", "b"], default="c", name="two"),
-          *(server(name, gpu=0) for name in ("a", "b", "c")))
+          server("a"), server("b"), server("c"))
 
     async def both_stalled() -> bool | None:
         for name in ("one", "two"):
