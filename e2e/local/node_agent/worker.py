@@ -199,37 +199,33 @@ class PodWorker:
                 image=container["image"],
                 image_id=f"local://{image_repository(container['image'])}",
             )
-        unknown = [c for c in self.all_containers() if program_for(c["image"]) is None]
-        if unknown:
-            await self._fail_unknown_images(unknown)
-            await self.terminate.wait()
-            return
         if self.terminate.is_set():
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        settings.gpu_lock_dir.mkdir(parents=True, exist_ok=True)
-        await self._write_status()
-        if not await self._allocate_gpus():
-            return
+        # Every status write goes through this one task, which retries failed writes.
         writer = asyncio.create_task(self._status_writer())
+        self.changed.set()
         syncer: asyncio.Task[None] | None = None
         try:
+            unknown = [c for c in self.all_containers() if program_for(c["image"]) is None]
+            if unknown:
+                self._fail_unknown_images(unknown)
+                await self.terminate.wait()
+                return
+            files.ensure_dir(self.directory)
+            files.ensure_dir(settings.gpu_lock_dir)
+            if not await self._allocate_gpus():
+                return
             if not await self._prepare_volumes():
                 return
             syncer = asyncio.create_task(self._keep_volumes_current())
-            if not await self._run_init_containers():
-                if not self.terminate.is_set():
-                    await self._write_status()
-                    await self.terminate.wait()
-                return
-            async with asyncio.TaskGroup() as group:
-                for container in self.spec["containers"]:
-                    group.create_task(self._supervise(container))
-            if not self.terminate.is_set():
-                # Every container has ended for good (restartPolicy Never/OnFailure):
-                # report the final phase and keep the pod until it is deleted.
-                await self._write_status()
-                await self.terminate.wait()
+            if await self._run_init_containers():
+                async with asyncio.TaskGroup() as group:
+                    for container in self.spec["containers"]:
+                        group.create_task(self._supervise(container))
+            # Every container has ended for good (restartPolicy Never/OnFailure, or a
+            # failed init container): the final phase is reported, the pod kept until
+            # it is deleted.
+            await self.terminate.wait()
         finally:
             for task in (writer, syncer):
                 if task is not None:
@@ -247,7 +243,7 @@ class PodWorker:
             self.log.error("could not report the failure: %s", error)
         await self.terminate.wait()
 
-    async def _fail_unknown_images(self, unknown: list[Json]) -> None:
+    def _fail_unknown_images(self, unknown: list[Json]) -> None:
         known = ", ".join(sorted(PROGRAMS))
         names = ", ".join(f'"{c["image"]}"' for c in unknown)
         message = (
@@ -263,7 +259,7 @@ class PodWorker:
                 reason="UnknownImage",
                 message=f'image "{container["image"]}" is not known to the local node agent',
             )
-        await self._write_status()
+        self.changed.set()
 
     async def _allocate_gpus(self) -> bool:
         """Give each container its devices; waits while the node has too few free (the
