@@ -34,7 +34,14 @@ Waiting and reading
     ready, pid of the first container, restarts); `pod_kubeconfig(node_state_dir, pod)`
     is the kubeconfig the node agent wrote for that pod's ServiceAccount.
     `base_url(pod)` is `http://<podIP>:8080/v1`; `metrics_url(pod)` is
-    `http://<podIP>:9090/metrics`.
+    `http://<podIP>:9090/metrics` (the router's, and the reconciler's pod too).
+    `reconciler_pod(kubectl, installation)` is the reconciler's Ready pod.
+
+Metrics
+    `scrape(url)` fetches a /metrics page and parses it with prometheus_client's parser
+    into families by name (a counter's family name has no `_total`);
+    `sample_sum(families, sample_name, **labels)` adds the samples of that name whose
+    labels include `labels` (0.0 when none).
 
 Sampling
     `MemberWatch(kubectl, namespace)` (a context manager) follows member pods with a
@@ -49,12 +56,15 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import yaml
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCAL_OVERLAY = REPO_ROOT / "overlays" / "local"
@@ -174,6 +184,10 @@ def install(
 def install_examples(kubectl: KubectlLike, examples: Path = EXAMPLES) -> None:
     """`kubectl apply -k examples/` (namespace modelpool-demo)."""
     kubectl("apply", "--server-side", "--force-conflicts", "-k", str(examples))
+
+
+def reconciler_pod(kubectl: KubectlLike, installation: Installation) -> Pod:
+    return wait_reconciler_ready(kubectl, installation, within=30.0)
 
 
 def wait_reconciler_ready(
@@ -417,6 +431,23 @@ def base_url(pod: Pod, port: int = ROUTER_PORT) -> str:
 
 def metrics_url(pod: Pod, port: int = ROUTER_METRICS_PORT) -> str:
     return f"http://{pod.ip}:{port}/metrics"
+
+
+def scrape(url: str, timeout: float = 10.0) -> dict[str, Metric]:
+    """A /metrics page, parsed by prometheus_client's parser: families by name."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def sample_sum(families: Mapping[str, Metric], sample_name: str, **labels: str) -> float:
+    """The sum of the samples named `sample_name` whose labels include `labels`."""
+    return sum(
+        float(s.value)
+        for family in families.values()
+        for s in family.samples
+        if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def pod_directory(node_state_dir: Path, pod: Pod) -> Path:

@@ -1,0 +1,412 @@
+"""The router end to end on the testbed (issue 4, "End to end on the testbed").
+
+modelpool is installed from overlays/local with its reconciler in a pod (scoped to the
+test's namespace, see e2e/harness.py); each test applies two fake members `a` and `b` in
+a pool `slot` (default `a`) and a router `chat` in front of them, then talks to the
+router pod's address with the official `openai` SDK, as a client in the cluster would.
+Swaps are counted from the reconciler's own /metrics and the pool's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from prometheus_client.metrics_core import Metric
+
+from e2e import harness
+from e2e.harness import Installation, Json, Pod
+from e2e.local.controlplane import LocalCluster
+from e2e.local.fixtures import Kubectl
+
+pytestmark = pytest.mark.e2e
+
+POOL = "slot"
+ROUTER = "chat"
+MESSAGES: Any = [{"role": "user", "content": "Say something."}]
+# Every family DESIGN.md "Metrics" lists for the router; the parser names a counter's
+# family without `_total`.
+ROUTER_FAMILIES = {
+    "modelpool_held_requests": "gauge",
+    "modelpool_hold_duration_seconds": "histogram",
+    "modelpool_coalesced": "counter",
+    "modelpool_requests": "counter",
+    "modelpool_request_duration_seconds": "histogram",
+    "modelpool_time_to_first_byte_seconds": "histogram",
+    "modelpool_upstream_errors": "counter",
+}
+
+
+@dataclass
+class Stack:
+    kubectl: Kubectl
+    namespace: str
+    installation: Installation
+    router: Pod
+
+    @property
+    def base_url(self) -> str:
+        return harness.base_url(self.router)
+
+    def client(self, max_retries: int = 0, timeout: float = 60.0) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url, api_key="unused", max_retries=max_retries, timeout=timeout
+        )
+
+    def pool(self) -> Json:
+        return harness.pool_status(self.kubectl, self.namespace, POOL)
+
+    def router_metrics(self) -> dict[str, Metric]:
+        return harness.scrape(harness.metrics_url(self.router))
+
+    def swaps(self, to: str) -> float:
+        """Completed swaps to `to`, from the reconciler's /metrics."""
+        pod = harness.reconciler_pod(self.kubectl, self.installation)
+        families = harness.scrape(harness.metrics_url(pod))
+        return harness.sample_sum(
+            families, "modelpool_swaps_total", namespace=self.namespace, pool=POOL, to=to
+        )
+
+
+def bring_up(
+    kubectl: Kubectl,
+    namespace: str,
+    installation: Installation,
+    *,
+    a: Json | None = None,
+    b: Json | None = None,
+    swap_budget: str = "60s",
+    response_header_timeout: str = "600s",
+) -> Stack:
+    """Members a and b, the pool (default a) and the router; returns once a serves."""
+    harness.apply(
+        kubectl,
+        namespace,
+        a or harness.fake_member("a", load_time=2.0),
+        b or harness.fake_member("b", load_time=2.0),
+        harness.pool(POOL, ["a", "b"], default="a", swap_budget=swap_budget),
+        harness.router(ROUTER, ["a", "b"], response_header_timeout=response_header_timeout),
+    )
+    harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=60)
+    (router,) = harness.wait_router_ready(kubectl, namespace, ROUTER, within=60)
+    return Stack(kubectl, namespace, installation, router)
+
+
+@pytest.fixture
+def stack(kubectl: Kubectl, namespace: str, installed: Installation) -> Stack:
+    return bring_up(kubectl, namespace, installed)
+
+
+def chat(client: openai.OpenAI, model: str, max_tokens: int = 8) -> str:
+    reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=max_tokens)
+    assert reply.model == model
+    content = reply.choices[0].message.content
+    assert content
+    return content
+
+
+def stream(client: openai.OpenAI, model: str, max_tokens: int = 8) -> list[str]:
+    """The text pieces of a streamed chat completion; asserts it ended properly."""
+    pieces: list[str] = []
+    finish = None
+    with client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=max_tokens, stream=True
+    ) as chunks:
+        for chunk in chunks:
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+    assert finish is not None, "the stream ended without a finish_reason"
+    assert "".join(pieces)
+    return pieces
+
+
+# --- A cold pool, a swap, coalescing, and what /metrics says about them ------------------
+
+
+def test_cold_pool_serves_default_swaps_once_for_the_other_and_metrics_count_it(
+    stack: Stack,
+) -> None:
+    with stack.client() as client:
+        # The pool was cold until it loaded its default; nobody asked for a swap.
+        assert stack.pool().get("request") is None
+        chat(client, "a")
+        assert len(stream(client, "a", max_tokens=6)) >= 2
+        states = {m.id: m.model_extra.get("state") for m in client.models.list()
+                  if m.model_extra is not None}
+        assert states == {"a": "resident", "b": "stopped"}
+
+        started = time.monotonic()
+        chat(client, "b")  # held through the swap, then served
+        held_for = time.monotonic() - started
+        after_swap = stack.pool()
+        assert after_swap["residentMember"] == "b"
+        assert after_swap["lastSwap"]["from"] == "a"
+        assert after_swap["lastSwap"]["to"] == "b"
+        assert after_swap["lastSwap"]["outcome"] == "Succeeded"
+        generation = after_swap["request"]["generation"]
+        assert stack.swaps("b") == 1
+
+        # Same-model demand: sequential, concurrent, streamed. No second swap.
+        for _ in range(2):
+            chat(client, "b")
+        threads = [threading.Thread(target=stream, args=(client, "b")) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert stack.pool()["request"]["generation"] == generation
+        assert stack.pool()["lastSwap"]["start"] == after_swap["lastSwap"]["start"]
+        assert stack.swaps("b") == 1
+        assert stack.swaps("a") == 1  # the cold load of the default
+
+    families = stack.router_metrics()
+    missing = {n: t for n, t in ROUTER_FAMILIES.items()
+               if n not in families or families[n].type != t}
+    assert not missing, f"router families missing or of the wrong type: {missing}"
+
+    def value(name: str, **labels: str) -> float:
+        return harness.sample_sum(families, name, router=ROUTER, **labels)
+
+    assert value("modelpool_requests_total", model="a", code="200") == 2
+    assert value("modelpool_requests_total", model="b", code="200") == 6
+    assert value("modelpool_requests_total") == 8
+    assert value("modelpool_request_duration_seconds_count", model="b") == 6
+    assert value("modelpool_time_to_first_byte_seconds_count", model="b") == 6
+    # a: resident before the first request, unless the router saw its endpoint a moment late.
+    assert (value("modelpool_coalesced_total", pool=POOL, member="a")
+            + value("modelpool_hold_duration_seconds_count", pool=POOL, member="a")) == 2
+    # b: one request held through the swap, five coalesced onto the new resident.
+    assert value("modelpool_hold_duration_seconds_count", pool=POOL, member="b") == 1
+    assert value("modelpool_coalesced_total", pool=POOL, member="b") == 5
+    held = value("modelpool_hold_duration_seconds_sum", pool=POOL, member="b")
+    assert 2.0 <= held <= held_for, (held, held_for)  # at least b's load time
+    assert value("modelpool_held_requests") == 0
+    assert value("modelpool_upstream_errors_total") == 0
+
+
+# --- Past the hold budget: 503 with Retry-After; an SDK client that retries gets through --
+
+
+def test_past_the_hold_budget_503_with_retry_after_and_a_retrying_client_gets_its_answer(
+    kubectl: Kubectl, namespace: str, installed: Installation
+) -> None:
+    # a streams 10 tokens a second, so a long reply keeps it busy: the reconciler defers the
+    # swap to b (PodsBusy) past the 10 s budget, and the held requests for b run out.
+    stack = bring_up(
+        kubectl, namespace, installed,
+        a=harness.fake_member("a", load_time=1.0, tokens_per_second=10),
+        b=harness.fake_member("b", load_time=1.0),
+        swap_budget="10s",
+    )
+    busy_tokens = 130  # 13 s busy
+    with stack.client(timeout=60) as plain, stack.client(max_retries=6, timeout=60) as patient:
+        first_token = threading.Event()
+
+        def keep_a_busy() -> None:
+            with plain.chat.completions.create(
+                model="a", messages=MESSAGES, max_tokens=busy_tokens, stream=True
+            ) as chunks:
+                for _ in chunks:
+                    first_token.set()
+
+        busy = threading.Thread(target=keep_a_busy)
+        busy.start()
+        assert first_token.wait(30), "a never started streaming"
+
+        outcome: dict[str, Any] = {}
+
+        def retrying() -> None:
+            raw = patient.chat.completions.with_raw_response.create(
+                model="b", messages=MESSAGES, max_tokens=4
+            )
+            outcome["retries"] = raw.retries_taken
+            outcome["reply"] = raw.parse()
+            outcome["at"] = time.monotonic()
+
+        patient_thread = threading.Thread(target=retrying)
+        started = time.monotonic()
+        patient_thread.start()
+        with pytest.raises(openai.APIStatusError) as refused:
+            plain.chat.completions.create(model="b", messages=MESSAGES, max_tokens=4)
+        waited = time.monotonic() - started
+        assert refused.value.status_code == 503
+        retry_after = refused.value.response.headers.get("Retry-After")
+        assert retry_after is not None and int(retry_after) >= 1, retry_after
+        assert 9.0 <= waited <= 20.0, f"held {waited:.1f}s against a 10s budget"
+        error = refused.value.body
+        assert isinstance(error, dict) and error.get("code") in (
+            "swap_budget_exceeded", "swap_abandoned"), error
+
+        patient_thread.join(90)
+        busy.join(30)
+        assert "reply" in outcome, "the retrying client got no answer"
+        assert outcome["reply"].model == "b"
+        assert outcome["retries"] >= 1
+        pool = stack.pool()
+        assert pool["residentMember"] == "b"
+        assert pool["lastSwap"]["outcome"] == "Succeeded"
+
+
+# --- A swap longer than responseHeaderTimeout -------------------------------------------
+
+
+def test_a_swap_longer_than_response_header_timeout_but_inside_swap_budget_succeeds(
+    kubectl: Kubectl, namespace: str, installed: Installation
+) -> None:
+    stack = bring_up(
+        kubectl, namespace, installed,
+        b=harness.fake_member("b", load_time=6.0),
+        swap_budget="60s",
+        response_header_timeout="2s",
+    )
+    with stack.client() as client:
+        streamed: list[list[str]] = []
+        other = threading.Thread(target=lambda: streamed.append(stream(client, "b")))
+        started = time.monotonic()
+        other.start()
+        chat(client, "b")
+        elapsed = time.monotonic() - started
+        other.join(60)
+    assert streamed, "the streamed request for b got no answer"
+    assert elapsed >= 6.0, f"answered after {elapsed:.1f}s, before b could have loaded"
+    last = stack.pool()["lastSwap"]
+    assert last["to"] == "b" and last["outcome"] == "Succeeded"
+    assert last["durationSeconds"] > 2.0
+
+
+# --- A client that leaves mid-swap ------------------------------------------------------
+
+
+async def test_a_client_that_disconnects_mid_swap_does_not_abort_the_swap(
+    kubectl: Kubectl, namespace: str, installed: Installation
+) -> None:
+    stack = await asyncio.to_thread(
+        bring_up, kubectl, namespace, installed,
+        b=harness.fake_member("b", load_time=6.0),
+    )
+    async with openai.AsyncOpenAI(
+        base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60
+    ) as client:
+        request = asyncio.create_task(
+            client.chat.completions.create(model="b", messages=MESSAGES, max_tokens=4)
+        )
+
+        def loading() -> Json | None:
+            pool = stack.pool()
+            swap = pool.get("swap") or {}
+            return pool if swap.get("to") == "b" and swap.get("phase") == "Loading" else None
+
+        swapping = await asyncio.to_thread(harness.eventually, loading, "b loading", 30)
+        assert not request.done()
+        request.cancel()  # the client hangs up while b loads
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+
+    generation = swapping["swap"]["generation"]
+    ready = await asyncio.to_thread(
+        harness.wait_pool_ready, kubectl, namespace, POOL, "b", 30
+    )
+    last = ready["status"]["lastSwap"]
+    assert last["to"] == "b" and last["outcome"] == "Succeeded"
+    assert last["generation"] == generation
+    with stack.client() as sync_client:
+        await asyncio.to_thread(chat, sync_client, "b")
+    assert stack.pool()["request"]["generation"] == generation  # served, no new request
+    families = await asyncio.to_thread(stack.router_metrics)
+    assert harness.sample_sum(families, "modelpool_requests_total", model="b", code="499") == 1
+
+
+# --- The resident's process killed out of band ------------------------------------------
+
+# The bound: the request that meets the dead process may get 502 (its connection was
+# refused); the router then marks the address bad and holds requests until the restarted
+# server is Ready again, so no other request gets 502, and service is back within the
+# restart, b's load time and the readiness probe's period with room to spare.
+KILL_RECOVERY_SECONDS = 30.0
+
+
+def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering_502(
+    stack: Stack,
+) -> None:
+    (pod,) = [p for p in harness.member_pods(stack.kubectl, stack.namespace, "a")
+              if p.phase == "Running"]
+    assert pod.pid is not None
+    with stack.client(timeout=60) as client:
+        chat(client, "a")
+        os.kill(pod.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        codes: list[int] = []
+        recovered = None
+        while time.monotonic() - killed < KILL_RECOVERY_SECONDS + 30:
+            try:
+                chat(client, "a")
+                codes.append(200)
+            except openai.APIStatusError as e:
+                codes.append(e.status_code)
+            if codes[-1] == 200:
+                recovered = time.monotonic() - killed
+                break
+        for _ in range(5):
+            chat(client, "a")
+    assert recovered is not None, f"no 200 after the kill: {codes}"
+    assert codes.count(502) <= 1, codes
+    assert set(codes) <= {200, 502}, codes
+    assert recovered <= KILL_RECOVERY_SECONDS, f"{recovered:.1f}s to recover: {codes}"
+    restarted = harness.member_pods(stack.kubectl, stack.namespace, "a")
+    assert [p.restarts for p in restarted] == [1]  # the same pod, restarted by the node
+
+
+# --- The router's own token -------------------------------------------------------------
+
+
+def test_the_router_token_cannot_patch_a_model_server_or_read_a_secret(
+    stack: Stack, cluster: LocalCluster
+) -> None:
+    kubectl, ns = stack.kubectl, stack.namespace
+    kubectl("create", "secret", "generic", "weights-token", "-n", ns,
+            "--from-literal=token=do-not-read")
+    config = harness.pod_kubeconfig(cluster.node_state_dir, stack.router)
+    assert config.is_file(), f"the node agent wrote no kubeconfig at {config}"
+
+    def as_router(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_kubectl(kubectl.binary, config, "-n", ns, *args)
+
+    def can_i(*args: str) -> str:
+        return as_router("auth", "can-i", *args).stdout.strip()
+
+    # What it must be able to do, so that the refusals below are RBAC's and not a bad token.
+    assert can_i("patch", "modelpools.modelpool.dev", "--subresource=status") == "yes"
+    assert can_i("watch", "endpointslices.discovery.k8s.io") == "yes"
+    # What it must not.
+    assert can_i("patch", "modelservers.modelpool.dev") == "no"
+    assert can_i("patch", "modelpools.modelpool.dev") == "no"
+    assert can_i("get", "secrets") == "no"
+    assert can_i("patch", "deployments.apps") == "no"
+
+    patched = as_router("patch", "modelservers.modelpool.dev", "a", "--type=merge",
+                        "-p", '{"spec":{"image":"example.com/other:latest"}}')
+    assert patched.returncode != 0 and "forbidden" in patched.stderr.lower(), patched.stderr
+    read = as_router("get", "secret", "weights-token", "-o", "jsonpath={.data.token}")
+    assert read.returncode != 0 and "forbidden" in read.stderr.lower(), read.stderr
+    assert "do-not-read" not in read.stdout
+    image = kubectl.json("get", "modelservers.modelpool.dev", "a", "-n", ns)["spec"]["image"]
+    assert image == harness.FAKE_MODEL_IMAGE
+
+
+def run_kubectl(binary: str, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [binary, f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+
