@@ -388,3 +388,18 @@ def test_agent_registers_its_node_and_stops_its_pods_on_sigterm(
         kubectl("delete", "pod", "pinned", "-n", namespace, "--grace-period=0", "--force",
                 "--ignore-not-found", check=False)
         kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_process_outliving_its_grace_period_is_killed(kubectl: Kubectl, namespace: str) -> None:
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1}
+    pod = fake_model_pod("stubborn", "--unload-time", "30", readinessProbe=probe)
+    pod["spec"]["terminationGracePeriodSeconds"] = 1
+    apply(kubectl, namespace, pod)
+    pid = running_pid(kubectl, namespace, "stubborn")
+    wait_for("the pod ready", lambda: is_ready(get_pod(kubectl, namespace, "stubborn")))
+
+    started = time.monotonic()
+    kubectl("delete", "pod", "stubborn", "-n", namespace, "--wait=false")
+    wait_for("the pod gone", lambda: get_pod(kubectl, namespace, "stubborn") is None, timeout=15)
+    assert time.monotonic() - started < 10, "the 30 s unload was not cut short by SIGKILL"
+    assert not Path(f"/proc/{pid}").exists()

@@ -6,8 +6,24 @@ keeps its Lease in `kube-node-lease` and its Ready condition fresh, and runs eve
 bound to it as local processes, writing pod status back through pods/status.
 
 Run: `python -m e2e.local.node_agent --kubeconfig FILE --node-name NAME --gpus N
---state-dir DIR` (FILE an admin kubeconfig). SIGTERM stops every pod gracefully and
-exits; the pod objects stay.
+--state-dir DIR [--pod-network 127.X.0.0/16] [--unschedulable]` (FILE an admin
+kubeconfig). SIGTERM stops every pod gracefully and exits; the pod objects stay, and a
+restarted agent runs them again (same address, restart counts kept).
+
+What it honours: command/args with `$(VAR)` expansion; env (value, fieldRef,
+resourceFieldRef, configMapKeyRef, secretKeyRef, envFrom); ConfigMap, Secret, emptyDir,
+hostPath, downward-API, projected and PersistentVolumeClaim volumes (a claim resolves to
+its bound volume's hostPath/local path, else `DIR/claims/<ns>_<claim>`); ConfigMap and
+Secret volumes follow their objects within ~2 s, written atomically (`..data` swap);
+init containers (in order, to completion); httpGet and tcpSocket readiness, liveness
+and startup probes (exec and grpc probes always fail: they cannot run here);
+restartPolicy with a 1 s doubling backoff capped at 20 s; deletion (SIGTERM to the
+process group, SIGKILL after the grace period, GPUs released and the pod object removed
+with gracePeriodSeconds=0 only once every process has exited); pods that vanish from
+the API are stopped (grace at most 5 s). `terminationMessagePolicy:
+FallbackToLogsOnError` puts the log's tail in `terminated.message`. Ignored: security
+contexts (processes run as the agent's user), resource limits other than GPUs,
+hostNetwork, workingDir.
 
 Images (docs/contracts.md section 3; registry, tag and digest ignored), each run with
 the agent's own interpreter (`sys.executable`):
