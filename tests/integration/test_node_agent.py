@@ -403,3 +403,23 @@ def test_process_outliving_its_grace_period_is_killed(kubectl: Kubectl, namespac
     wait_for("the pod gone", lambda: get_pod(kubectl, namespace, "stubborn") is None, timeout=15)
     assert time.monotonic() - started < 10, "the 30 s unload was not cut short by SIGKILL"
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_startup_probe_holds_started_and_ready(kubectl: Kubectl, namespace: str) -> None:
+    startup = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1,
+               "failureThreshold": 30}
+    # A liveness probe that would fail during loading must wait for the startup probe.
+    liveness = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1,
+                "failureThreshold": 1}
+    apply(kubectl, namespace, fake_model_pod("starter", "--load-time", "4",
+                                             startupProbe=startup, livenessProbe=liveness))
+    running_pid(kubectl, namespace, "starter")
+    early = container_status(get_pod(kubectl, namespace, "starter"))
+    assert early["started"] is False and early["ready"] is False
+
+    started = wait_for("the container started", lambda: (
+        status if (status := container_status(get_pod(kubectl, namespace, "starter")))
+        .get("started") else None
+    ))
+    assert started["ready"] is True
+    assert started["restartCount"] == 0
