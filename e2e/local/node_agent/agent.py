@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import aiohttp
 
 from e2e.local.node_agent.allocation import Addresses, Devices
-from e2e.local.node_agent.kube import ApiError, Gone, Kube
+from e2e.local.node_agent.kube import ApiError, Gone, Kube, NotFound
 from e2e.local.node_agent.node import NodeShape, lease_body, micro_time, node_body, node_status
 from e2e.local.node_agent.podspec import Json
 from e2e.local.node_agent.settings import AgentSettings
@@ -113,6 +113,9 @@ class Agent:
             await asyncio.sleep(self.settings.timing.node_status_seconds)
             try:
                 await self._post_status()
+            except NotFound:
+                logger.warning("node %s was deleted; registering it again", self.shape.name)
+                await self.register()
             except ApiError as error:
                 logger.warning("node status update failed: %s", error)
 

@@ -210,6 +210,9 @@ def pod_status(
         "startTime": start_time,
         "containerStatuses": [c.body() for c in containers],
     }
+    generation = (pod.get("metadata") or {}).get("generation")
+    if generation is not None:
+        status["observedGeneration"] = generation
     if init_containers:
         status["initContainerStatuses"] = [c.body() for c in init_containers]
     if pod_ip:
