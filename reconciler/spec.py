@@ -29,8 +29,9 @@ DEFAULT_ROUTER_IMAGE = "modelpool/router:0.1.0"
 DEFAULT_RESPONSE_HEADER_TIMEOUT = "600s"
 DEFAULT_MAX_HELD_REQUESTS = 1000
 
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(ns|us|ms|s|m|h)")
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|ms|s|m|h))+")
+# The grammar of the CRDs' duration pattern: one or more <number><unit>, no sign.
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
+_DURATION = re.compile(f"(?:{_DURATION_PART.pattern})+")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 

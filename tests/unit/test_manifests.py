@@ -6,6 +6,7 @@ two real runtimes behind a router."""
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec
+from reconciler.spec import (
+    ModelPoolSpec,
+    ModelRouterSpec,
+    ModelServerSpec,
+    SpecError,
+    parse_duration,
+)
 from tests.unit.test_render import _assert_restricted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,6 +213,26 @@ def test_pool_request_has_a_real_schema() -> None:
         "Succeeded", "Abandoned", "Failed", "Withdrawn",
     }
     assert {"residentMember", "residentSince", "swap", "lastSwap", "members"} <= set(status)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "text",
+    ["300s", "1m30s", "1.5h", "500ms", "10us", "3ns", "0s", "5 m", "5", "-1s", "1.s", "1d", ""],
+)
+def test_crd_duration_pattern_is_the_spec_grammar(text: str) -> None:
+    pool = _schema("modelpools")["properties"]["spec"]["properties"]
+    router = _schema("modelrouters")["properties"]["spec"]["properties"]["proxy"]["properties"]
+    fields = ("swapBudget", "minResidency", "maxWait", "reclaimAfter")
+    patterns = {pool[f]["pattern"] for f in fields}
+    patterns.add(router["responseHeaderTimeout"]["pattern"])
+    (pattern,) = patterns
+    try:
+        parse_duration(text)
+        parsed = True
+    except SpecError:
+        parsed = False
+    assert bool(re.search(pattern, text)) == parsed
 
 
 def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
