@@ -461,9 +461,9 @@ def _drain(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Ac
         return _begin_unloading(state, now)  # nothing runs that could be busy
     residency_end = _residency_end(state)
     if residency_end is not None and now < residency_end:
-        left = residency_end - now
+        served = f"{state.config.min_residency:g}s"
         return _defer(
-            state, Deferral(MIN_RESIDENCY, f"{swap.from_} stays resident {left:.0f}s more")
+            state, Deferral(MIN_RESIDENCY, f"{swap.from_} has not been resident {served} yet")
         )
     if swap.probe_in_flight or now < swap.next_probe:
         return state, []
