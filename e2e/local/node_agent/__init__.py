@@ -60,5 +60,6 @@ own environment leaks in but PATH, LANG and PYTHONPATH.
 
 Module map: pure logic in images, podspec, volumes, allocation, probes, restarts,
 status, node, settings; I/O in kube (the only kr8s import), probe_http (the only HTTP
-client), processes, files; worker (one pod) and agent (the node) are the async shells.
+client), processes, files, pod_files (volumes, tokens, kubeconfig); worker (one pod)
+and agent (the node) are the async shells; client is the testbed-client program.
 """

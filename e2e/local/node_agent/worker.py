@@ -15,29 +15,24 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from e2e.local.node_agent import files, processes, restarts
 from e2e.local.node_agent.allocation import Addresses, Devices
 from e2e.local.node_agent.images import PROGRAMS, image_repository, program_for
 from e2e.local.node_agent.kube import ApiError, Kube
 from e2e.local.node_agent.logs import PodLogger
+from e2e.local.node_agent.pod_files import PodFiles, all_containers
 from e2e.local.node_agent.podspec import (
     ConfigError,
     Json,
-    Mount,
     PodFacts,
-    Sources,
     container_argv,
     container_env,
     gpu_request,
     pod_facts,
-    referenced_objects,
     rewrite_env,
 )
 from e2e.local.node_agent.probe_http import probe_once
@@ -49,13 +44,6 @@ from e2e.local.node_agent.status import (
     Terminated,
     pod_status,
     rfc3339,
-)
-from e2e.local.node_agent.volumes import (
-    TokenSource,
-    claim_path,
-    plan_volume,
-    token_kubeconfig,
-    token_sources,
 )
 
 logger = logging.getLogger(__name__)
@@ -79,19 +67,9 @@ class WorkerContext:
     node: NodeState
 
 
-@dataclass(frozen=True)
-class Token:
-    text: str
-    refresh_at: float
-
-
 def pod_dir_name(pod: Json) -> str:
     meta = pod["metadata"]
     return f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
-
-
-def _parse_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 class PodWorker:
@@ -114,10 +92,8 @@ class PodWorker:
         status = pod.get("status") or {}
         self.start_time: str = status.get("startTime") or rfc3339(time.time())
         self.last_written: dict[str, Any] | None = None
-        self.tokens: dict[TokenSource, Token] = {}
         self.gpus: dict[str, tuple[int, ...]] = {}
-        self.mounts: dict[str, list[Mount]] = {}
-        self.kubeconfig: Path | None = None
+        self.pod_files = PodFiles(context.kube, context.settings, self.directory, self.log)
         self.live: set[processes.Process] = set()
 
     # Events from the agent
@@ -145,7 +121,7 @@ class PodWorker:
         return spec
 
     def all_containers(self) -> list[Json]:
-        return [*(self.spec.get("initContainers") or []), *self.spec["containers"]]
+        return all_containers(self.pod)
 
     def grace_seconds(self) -> float:
         meta_grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
@@ -297,111 +273,12 @@ class PodWorker:
     def facts(self) -> PodFacts:
         return pod_facts(self.pod, self.pod_ip, self.context.settings.host_ip)
 
-    async def _sources(self) -> Sources:
-        kube = self.context.kube
-        config_maps, secrets = referenced_objects(self.pod)
-        found_maps: dict[str, Json | None] = {}
-        found_secrets: dict[str, Json | None] = {}
-        for name in sorted(config_maps):
-            url = f"namespaces/{self.namespace}/configmaps/{name}"
-            found_maps[name] = await kube.get("v1", url)
-        for name in sorted(secrets):
-            secret = await kube.get("v1", f"namespaces/{self.namespace}/secrets/{name}")
-            if secret is not None:
-                secret["kind"] = "Secret"
-            found_secrets[name] = secret
-        return Sources(config_maps=found_maps, secrets=found_secrets)
-
-    async def _refresh_tokens(self, force: bool = False) -> bool:
-        """Request each projected token that is missing or due; True when any changed."""
-        kube = self.context.kube
-        changed = False
-        for volume in self.spec.get("volumes") or []:
-            for source in token_sources(volume):
-                current = self.tokens.get(source)
-                if current is not None and not force and time.time() < current.refresh_at:
-                    continue
-                text, expiry = await kube.request_token(
-                    self.namespace,
-                    self.spec.get("serviceAccountName", "default"),
-                    self.name,
-                    self.uid,
-                    source.audience,
-                    source.expiration_seconds,
-                )
-                now = time.time()
-                lifetime = max(_parse_time(expiry) - now, 10.0)
-                self.tokens[source] = Token(text=text, refresh_at=now + 0.8 * lifetime)
-                changed = True
-        return changed
-
-    async def _write_volumes(self, sources: Sources) -> None:
-        settings = self.context.settings
-        containers = {c["name"]: c for c in self.all_containers()}
-        tokens = {source: token.text for source, token in self.tokens.items()}
-        volume_dirs: dict[str, str] = {}
-        for volume in self.spec.get("volumes") or []:
-            plan = plan_volume(
-                volume, self.facts(), sources, containers, tokens, settings.api_server.ca_pem
-            )
-            directory = self.directory / "volumes" / plan.name
-            if plan.kind == "host":
-                volume_dirs[plan.name] = plan.host_path
-                continue
-            if plan.kind == "claim":
-                volume_dirs[plan.name] = await self._claim_dir(plan.claim)
-                continue
-            if plan.kind == "empty":
-                directory.mkdir(parents=True, exist_ok=True)
-            elif plan.kind == "files":
-                first = files.current_files(directory) is None
-                if files.write_atomically(directory, plan.files) and not first:
-                    self.log.info("volume %s updated", plan.name)
-            volume_dirs[plan.name] = str(directory)
-        default_token = next((t for s, t in self.tokens.items() if s.audience == ""), None)
-        if default_token is not None:
-            config = token_kubeconfig(
-                settings.api_server.server,
-                settings.api_server.ca_data,
-                default_token.text,
-                self.namespace,
-            )
-            self.kubeconfig = self.directory / "kubeconfig"
-            files.write_file_atomically(
-                self.kubeconfig, yaml.safe_dump(config, sort_keys=False).encode()
-            )
-        for container in self.all_containers():
-            mounts = []
-            for mount in container.get("volumeMounts") or []:
-                host = volume_dirs.get(mount["name"])
-                if host is None:
-                    raise ConfigError(f"volumeMount {mount['name']!r} names no volume")
-                if mount.get("subPath"):
-                    host = f"{host}/{mount['subPath']}"
-                mounts.append(Mount(container_path=mount["mountPath"], host_path=host))
-            self.mounts[container["name"]] = mounts
-
-    async def _claim_dir(self, claim: str) -> str:
-        """The directory of a PersistentVolumeClaim (ConfigError while it is unbound)."""
-        kube = self.context.kube
-        found = await kube.get("v1", f"namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
-        if found is None:
-            raise ConfigError(f'persistentvolumeclaim "{claim}" not found')
-        bound = (found.get("spec") or {}).get("volumeName")
-        volume = await kube.get("v1", f"persistentvolumes/{bound}") if bound else None
-        path = claim_path(
-            volume, str(self.context.settings.state_dir / "claims"), self.namespace, claim
-        )
-        files.ensure_dir(Path(path))
-        return path
-
     async def _prepare_volumes(self) -> bool:
         """Write every volume; while a referenced object is missing, report it and retry.
         False when the pod was deleted meanwhile."""
         while True:
             try:
-                await self._refresh_tokens()
-                await self._write_volumes(await self._sources())
+                await self.pod_files.sync(self.pod, self.facts())
                 return True
             except (ConfigError, ApiError) as error:
                 self.log.warning("cannot prepare volumes: %s", error)
@@ -421,8 +298,7 @@ class PodWorker:
         while True:
             await asyncio.sleep(period)
             try:
-                await self._refresh_tokens()
-                await self._write_volumes(await self._sources())
+                await self.pod_files.sync(self.pod, self.facts())
             except (ConfigError, ApiError) as error:
                 self.log.warning("cannot refresh volumes: %s", error)
 
@@ -441,10 +317,11 @@ class PodWorker:
         if name in self.gpus:
             injected["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.gpus[name])
             injected["MODELPOOL_GPU_LOCK_DIR"] = str(settings.gpu_lock_dir)
-        if self.kubeconfig is not None:
-            injected["KUBECONFIG"] = str(self.kubeconfig)
-        env = container_env(container, self.facts(), await self._sources(), injected)
-        mounts = self.mounts.get(name, [])
+        if self.pod_files.kubeconfig is not None:
+            injected["KUBECONFIG"] = str(self.pod_files.kubeconfig)
+        sources = await self.pod_files.sources(self.pod)
+        env = container_env(container, self.facts(), sources, injected)
+        mounts = self.pod_files.mounts.get(name, [])
         argv = container_argv(settings.python, program, container, env, mounts)
         return argv, {**settings.base_env, **rewrite_env(env, mounts)}
 
