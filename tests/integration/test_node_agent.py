@@ -168,7 +168,7 @@ def test_config_map_volume_is_updated_in_place(kubectl: Kubectl, namespace: str)
 
 def test_readiness_gates_the_ready_condition(kubectl: Kubectl, namespace: str) -> None:
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1}
-    apply(kubectl, namespace, fake_model_pod("slow", "--load-time", "4", readinessProbe=probe))
+    apply(kubectl, namespace, fake_model_pod("slow", "--load-time", "6", readinessProbe=probe))
     start = time.monotonic()
 
     running = wait_for("the pod running", lambda: (
@@ -181,7 +181,7 @@ def test_readiness_gates_the_ready_condition(kubectl: Kubectl, namespace: str) -
     ready = wait_for("the pod ready", lambda: (
         pod if is_ready(pod := get_pod(kubectl, namespace, "slow")) else None
     ))
-    assert time.monotonic() - start >= 3.5
+    assert time.monotonic() - start >= 5.5
     assert container_status(ready)["ready"] is True
 
 
@@ -411,7 +411,7 @@ def test_startup_probe_holds_started_and_ready(kubectl: Kubectl, namespace: str)
     # A liveness probe that would fail during loading must wait for the startup probe.
     liveness = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1,
                 "failureThreshold": 1}
-    apply(kubectl, namespace, fake_model_pod("starter", "--load-time", "4",
+    apply(kubectl, namespace, fake_model_pod("starter", "--load-time", "6",
                                              startupProbe=startup, livenessProbe=liveness))
     running_pid(kubectl, namespace, "starter")
     early = container_status(get_pod(kubectl, namespace, "starter"))
