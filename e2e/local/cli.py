@@ -4,6 +4,7 @@
                        # prints the kubeconfig path as its last line
     modelpool-local status [--state-dir D]
     modelpool-local down [--state-dir D]
+    modelpool-local demo [--state-dir D]  # up, install examples/, narrate a swap (e2e.local.demo)
 
 The entry point: the only place that reads the environment (for the default state
 directory) and configures logging. Progress goes to stderr, results to stdout.
@@ -19,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.local import controlplane
+from e2e.local import controlplane, demo
 from e2e.local.paths import default_state_dir
 
 
@@ -40,6 +41,7 @@ def _parser(default_dir: Path) -> argparse.ArgumentParser:
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to become healthy")
     commands.add_parser("down", parents=[state], help="stop everything and remove the state")
     commands.add_parser("status", parents=[state], help="say what runs")
+    demo.add_parser(commands, [state])
     return parser
 
 
@@ -95,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="[modelpool-local %(asctime)s] %(message)s", datefmt="%H:%M:%S"
     )
     args = _parser(default_state_dir(os.environ, Path.home())).parse_args(argv)
-    handlers = {"up": _up, "down": _down, "status": _status}
+    handlers = {"up": _up, "down": _down, "status": _status, "demo": demo.main}
     return handlers[args.command](args)
 
 
