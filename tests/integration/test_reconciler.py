@@ -181,6 +181,19 @@ def router(backends: list[str], name: str = "chat") -> Json:
     }
 
 
+async def event_seen(kubectl: Any, namespace: str, about: str, text: str) -> None:
+    """Wait for an Event on object `about` whose reason or message holds `text` (Events
+    are posted after the status write that a test usually waits for)."""
+
+    async def check() -> bool | None:
+        events = kubectl.json("get", "events", "-n", namespace,
+                              "--field-selector", f"involvedObject.name={about}")["items"]
+        found = any(text == e.get("reason") or text in e.get("message", "") for e in events)
+        return True if found else None
+
+    await eventually(check, f"an Event {text} about {about}", 20)
+
+
 def apply(kubectl: Any, namespace: str, *objects: Json) -> None:
     """As git would: client-side apply by kubectl (field manager kubectl)."""
     for obj in objects:
@@ -287,9 +300,7 @@ async def test_a_cold_pool_loads_its_default_then_a_request_swaps_without_overla
                    "swap_deferrals_total", "reconcile_total", "reconcile_duration_seconds"):
         assert f"# TYPE modelpool_{family} " in text, family
 
-    events = kubectl.json("get", "events", "-n", namespace,
-                          "--field-selector", "involvedObject.name=slot")
-    assert "SwapCompleted" in {e["reason"] for e in events["items"]}
+    await event_seen(kubectl, namespace, "slot", "SwapCompleted")
 
     # no controller wrote any spec: the reconciler's managed fields are status only
     status_writers = set()
@@ -385,9 +396,7 @@ async def test_a_missing_member_stalls_until_the_spec_is_fixed(
 
     c = await eventually(stalled, "Stalled", 30)
     assert c["reason"] == "MemberNotFound" and "ghost" in c["message"]
-    events = kubectl.json("get", "events", "-n", namespace,
-                          "--field-selector", "involvedObject.name=slot")
-    assert "MemberNotFound" in {e["reason"] for e in events["items"]}
+    await event_seen(kubectl, namespace, "slot", "MemberNotFound")
     assert replicas(kubectl, namespace, "a") in (None, 0)  # nothing scaled
 
     apply(kubectl, namespace, server("ghost"))
@@ -507,9 +516,7 @@ async def test_a_member_that_can_never_be_probed_is_reported_as_such(
     assert status["request"].get("member") is None
     assert status["residentMember"] == "a"
     assert replicas(kubectl, namespace, "a") == 1
-    events = kubectl.json("get", "events", "-n", namespace,
-                          "--field-selector", "involvedObject.name=slot")
-    assert any("IdleProbeUnsupported" in e["message"] for e in events["items"])
+    await event_seen(kubectl, namespace, "slot", "IdleProbeUnsupported")
 
 
 async def test_a_member_in_two_pools_stalls_both_until_fixed(
@@ -530,9 +537,8 @@ async def test_a_member_in_two_pools_stalls_both_until_fixed(
     await eventually(both_stalled, "both pools Stalled", 30)
     for name in ("a", "b", "c"):
         assert replicas(kubectl, namespace, name) in (None, 0), name  # nothing scaled
-    events = kubectl.json("get", "events", "-n", namespace)["items"]
-    assert {e["involvedObject"]["name"] for e in events if e["reason"] == "MemberInTwoPools"} \
-        == {"one", "two"}
+    for name in ("one", "two"):
+        await event_seen(kubectl, namespace, name, "MemberInTwoPools")
 
     apply(kubectl, namespace, pool(["c"], default="c", name="two"))
     await eventually(
