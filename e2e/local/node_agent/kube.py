@@ -18,6 +18,12 @@ import kr8s.asyncio
 
 Json = dict[str, Any]
 
+# No request may hang the agent: a stalled call fails and is retried by its loop. A watch
+# may stay silent (bookmarks come about once a minute) for up to its server-side timeout.
+REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+WATCH_SECONDS = 240
+WATCH_TIMEOUT = httpx.Timeout(30.0, connect=5.0, read=WATCH_SECONDS + 30.0)
+
 
 class ApiError(Exception):
     """A request the API server refused or could not answer; `status` is the HTTP code
@@ -81,7 +87,7 @@ class Kube:
         body: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> Json:
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"timeout": REQUEST_TIMEOUT}
         if params:
             kwargs["params"] = dict(params)
         if body is not None:
@@ -143,11 +149,11 @@ class Kube:
             "fieldSelector": f"spec.nodeName={node}",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": "240",
+            "timeoutSeconds": str(WATCH_SECONDS),
         }
         try:
             async with self._api.call_api(
-                "GET", version="v1", url="pods", params=params, stream=True, timeout=None
+                "GET", version="v1", url="pods", params=params, stream=True, timeout=WATCH_TIMEOUT
             ) as response:
                 async for line in response.aiter_lines():
                     if not line.strip():
