@@ -423,3 +423,11 @@ def test_startup_probe_holds_started_and_ready(kubectl: Kubectl, namespace: str)
     ))
     assert started["ready"] is True
     assert started["restartCount"] == 0
+
+
+def test_force_deleted_pod_has_its_process_killed(kubectl: Kubectl, namespace: str) -> None:
+    apply(kubectl, namespace, fake_model_pod("vanishing", "--unload-time", "30"))
+    pid = running_pid(kubectl, namespace, "vanishing")
+    kubectl("delete", "pod", "vanishing", "-n", namespace, "--grace-period=0", "--force")
+    assert get_pod(kubectl, namespace, "vanishing") is None
+    wait_for("the process gone", lambda: not Path(f"/proc/{pid}").exists(), timeout=20)
