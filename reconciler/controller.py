@@ -492,6 +492,7 @@ class Controller:
                 swap_budget=spec.swap_budget_seconds,
                 min_residency=spec.min_residency_seconds,
                 probe_interval=self.settings.swap.probe_interval_seconds,
+                reclaim_after=spec.reclaim_after_seconds,
             )
             problem = self._pool_problem(spec)
         now = self.clock()

@@ -115,7 +115,7 @@ def member_phase(state: s.PoolState, member: str) -> str:
 
 def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
     phase = s.phase_of(state)
-    swap = state.swap
+    swap = s.visible_swap(state)
     if phase == "Ready":
         ready = (True, "Resident", f"{state.resident} is resident")
     elif phase == "Swapping" and swap is not None:
@@ -142,7 +142,7 @@ def pool_status(
 ) -> dict[str, Any]:
     """Every status field the reconciler owns; None means the field must be absent."""
     previous = previous or {}
-    swap = state.swap
+    swap = s.visible_swap(state)
     last = state.last_swap
     return {
         "phase": s.phase_of(state),

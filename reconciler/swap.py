@@ -78,6 +78,9 @@ class PoolConfig:
     min_residency: float = 0.0
     # How often a deferred swap probes the incumbent again; from settings, not the spec.
     probe_interval: float = 2.0
+    # swapPolicy reclaim: after this long resident, an idle non-default member hands the
+    # slot back to the default.
+    reclaim_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class Swap:
     deferral: Deferral | None = None
     probe_in_flight: bool = False
     next_probe: float = 0.0
+    # A return to the default (swapPolicy reclaim): only ever taken from an idle member;
+    # a busy one, or any request, calls it off without a trace.
+    reclaim: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,8 @@ class PoolState:
     last_swap: LastSwap | None = None
     # The newest request generation whose swap ended (any outcome): never acted on again.
     answered: int = 0
+    # swapPolicy reclaim: the earliest time the resident is checked for idleness again.
+    reclaim_at: float | None = None
     observed: MemberPods | None = None  # None until the members' pods were seen once
 
 
@@ -259,7 +267,8 @@ def next_wakeup(state: PoolState) -> float | None:
     """When the shell must step the pool again with a Tick, absent other events."""
     swap = state.swap
     if swap is None:
-        return None
+        reclaim = _reclaim_due_at(state)
+        return reclaim
     times = [swap.started + state.config.swap_budget]
     if swap.phase is Phase.DRAINING and not swap.probe_in_flight:
         residency_end = _residency_end(state)
@@ -285,11 +294,20 @@ def desired_replicas(state: PoolState) -> dict[str, int] | None:
     return wanted
 
 
+def visible_swap(state: PoolState) -> Swap | None:
+    """The swap as status shows it: a reclaim check of an incumbent that may well be busy
+    is not a swap until the incumbent was found idle."""
+    swap = state.swap
+    if swap is not None and swap.reclaim and swap.phase is Phase.DRAINING:
+        return None
+    return swap
+
+
 def phase_of(state: PoolState) -> str:
     """The pool's phase: Cold, Ready, Swapping or Degraded."""
     if state.problem is not None:
         return "Degraded"
-    if state.swap is not None:
+    if visible_swap(state) is not None:
         return "Swapping"
     if state.resident is None:
         return "Cold"
@@ -334,8 +352,16 @@ def _idle_result(state: PoolState, event: IdleResult, now: float) -> tuple[PoolS
     if swap is None or swap.phase is not Phase.DRAINING or swap.from_ != event.member:
         return state, []  # an answer to a question no longer asked
     swap = replace(swap, probe_in_flight=False)
+    if swap.reclaim and event.verdict is not Verdict.IDLE:
+        return _call_off_reclaim(state, now), []
     if event.verdict is Verdict.IDLE:
-        return _begin_unloading(replace(state, swap=swap), now)
+        actions: list[Action] = []
+        if swap.reclaim:
+            message = (f"swapping {swap.from_} -> {swap.to}: reclaimed after "
+                       f"{state.config.reclaim_after:g}s")
+            actions.append(EmitEvent("Normal", "SwapStarted", message))
+        state, more = _begin_unloading(replace(state, swap=swap), now)
+        return state, actions + more
     if event.verdict is Verdict.UNSUPPORTED:
         message = f"{event.member} can never be probed for idleness"
         if event.detail:
@@ -360,6 +386,8 @@ def _decide(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     swap = state.swap
     if swap is not None:
         if now >= swap.started + state.config.swap_budget:
+            if swap.reclaim and swap.phase is Phase.DRAINING:
+                return _call_off_reclaim(state, now), []
             return _abandon(state, now)
         if state.problem is not None:
             return state, []
@@ -384,7 +412,30 @@ def _maybe_start(state: PoolState, now: float) -> tuple[PoolState, list[Action]]
     default = state.config.default
     if state.resident is None and default is not None and default in state.config.members:
         return _start(state, default, None, now)
+    due = _reclaim_due_at(state)
+    if due is not None and now >= due and default is not None:
+        new, actions = _start(state, default, None, now, reclaim=True)
+        return new, actions
     return state, []
+
+
+def _reclaim_due_at(state: PoolState) -> float | None:
+    """When swapPolicy reclaim next checks whether the resident can go back to default."""
+    config = state.config
+    if (
+        config.policy != "reclaim"
+        or config.reclaim_after is None
+        or config.default is None
+        or config.default not in config.members
+        or state.resident in (None, config.default)
+        or state.resident_since is None
+        or state.problem is not None
+    ):
+        return None
+    due = state.resident_since + config.reclaim_after
+    if state.reclaim_at is not None:
+        due = max(due, state.reclaim_at)
+    return due
 
 
 def _answered(state: PoolState, request: Request) -> bool:
@@ -393,7 +444,7 @@ def _answered(state: PoolState, request: Request) -> bool:
 
 
 def _start(
-    state: PoolState, target: str, generation: int | None, now: float
+    state: PoolState, target: str, generation: int | None, now: float, reclaim: bool = False
 ) -> tuple[PoolState, list[Action]]:
     incumbent = state.resident
     phase = Phase.DRAINING if incumbent is not None else Phase.UNLOADING
@@ -404,10 +455,13 @@ def _start(
         phase=phase,
         started=now,
         phase_started=now,
+        reclaim=reclaim,
     )
+    new = replace(state, swap=swap)
+    if reclaim:
+        return new, []  # announced only if the incumbent turns out idle
     why = f"request {generation}" if generation is not None else "the pool's default"
     message = f"swapping {incumbent or '(none)'} -> {target} for {why}"
-    new = replace(state, swap=swap)
     actions: list[Action] = [EmitEvent("Normal", "SwapStarted", message)]
     if phase is Phase.UNLOADING:
         new, more = _begin_unloading(new, now)
@@ -436,8 +490,19 @@ def _reject(state: PoolState, request: Request, now: float) -> tuple[PoolState, 
     return replace(state, last_swap=last, answered=request.generation), actions
 
 
+def _call_off_reclaim(state: PoolState, now: float) -> PoolState:
+    """The resident is busy (or asked for): it stays; look again a reclaimAfter later."""
+    again = now + (state.config.reclaim_after or 0.0)
+    return replace(state, swap=None, reclaim_at=again)
+
+
 def _drain(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:
     request = state.request
+    if swap.reclaim:
+        wanted = request is not None and request.member is not None and not _answered(
+            state, request)
+        if wanted:
+            return _call_off_reclaim(state, now), []
     newer = (
         request is not None
         and swap.generation is not None

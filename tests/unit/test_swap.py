@@ -339,3 +339,49 @@ def test_an_incumbent_without_pods_needs_no_probe() -> None:
     state, actions = s.step(state, RequestObserved(Request("b", 1)), 10.0)
     assert kinds(actions, ProbeIdle) == []
     assert Scale("b", 1) in actions
+
+
+RECLAIM = replace(CONFIG, policy="reclaim", reclaim_after=30.0)
+
+
+def test_reclaim_returns_an_idle_member_to_the_default_after_reclaim_after() -> None:
+    state = resident("b", since=0.0, config=RECLAIM)
+    state, actions = s.step(state, Tick(), 29.0)
+    assert actions == [] and s.next_wakeup(state) == 30.0
+    state, actions = s.step(state, Tick(), 30.0)
+    assert actions == [ProbeIdle("b")]  # a check, not yet a swap: nothing announced
+    assert s.visible_swap(state) is None and s.phase_of(state) == "Ready"
+    state, actions = s.step(state, IdleResult("b", Verdict.IDLE), 31.0)
+    assert kinds(actions, Scale) == [Scale("b", 0)]
+    assert [a.reason for a in kinds(actions, EmitEvent)] == ["SwapStarted"]
+    state, actions = run(state, [(32.0, MembersObserved(pods())),
+                                 (35.0, MembersObserved(pods(a=1)))])
+    assert state.resident == "a" and state.last_swap is not None
+    assert (state.last_swap.from_, state.last_swap.outcome) == ("b", Outcome.SUCCEEDED)
+    assert s.next_wakeup(state) is None  # the default is never reclaimed from
+
+
+def test_reclaim_leaves_a_busy_member_and_looks_again_later() -> None:
+    state, _ = run(resident("b", since=0.0, config=RECLAIM), [(30.0, Tick())])
+    state, actions = s.step(state, IdleResult("b", Verdict.BUSY), 31.0)
+    assert actions == [] and state.swap is None and state.resident == "b"
+    assert kinds(actions, RecordDeferral) == []
+    assert s.next_wakeup(state) == 61.0
+    state, actions = s.step(state, Tick(), 61.0)
+    assert actions == [ProbeIdle("b")]
+
+
+def test_a_request_calls_a_reclaim_off() -> None:
+    state = resident("b", since=0.0, config=RECLAIM)
+    state = replace(state, request=Request("b", 3), answered=3)
+    state, _ = s.step(state, Tick(), 30.0)
+    assert state.swap is not None and state.swap.reclaim
+    state, actions = s.step(state, RequestObserved(Request("c", 4)), 30.5)
+    # the reclaim is dropped and the request is served instead
+    assert state.swap is not None and not state.swap.reclaim and state.swap.to == "c"
+    assert actions[-1] == ProbeIdle("b")
+
+
+def test_sticky_never_reclaims() -> None:
+    state, actions = s.step(resident("b", since=0.0), Tick(), 1000.0)
+    assert actions == [] and s.next_wakeup(state) is None
