@@ -588,3 +588,18 @@ async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what
         return True
 
     await eventually(collected, "the router's objects collected", 60)
+
+
+async def test_reclaim_hands_the_slot_back_to_the_default_once_idle(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    reclaiming = pool(["a", "b"])
+    reclaiming["spec"].update(swapPolicy="reclaim", reclaimAfter="3s")
+    apply(kubectl, namespace, server("a"), server("b"), reclaiming)
+    await ready_with(reconciler, "a")
+    await reconciler.request("b")
+    await ready_with(reconciler, "b")
+    body = await ready_with(reconciler, "a")
+    last = body["status"]["lastSwap"]
+    assert (last["from"], last["to"], last["outcome"]) == ("b", "a", "Succeeded")
+    assert reconciler.sample("modelpool_swaps_total", pool="slot", **{"from": "b", "to": "a"}) == 1
