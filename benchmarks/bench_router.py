@@ -616,7 +616,7 @@ async def bench(args: argparse.Namespace) -> Results:
     raise_fd_limit()
     out = Results()
     scale = 0.25 if args.quick else 1.0
-    counts = {1: int(2000 * scale), 16: int(6000 * scale), 64: int(8000 * scale)}
+    counts = {1: int(1000 * scale), 16: int(3000 * scale), 64: int(4000 * scale)}
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "router.log"
         up_port = free_port()
@@ -630,7 +630,7 @@ async def bench(args: argparse.Namespace) -> Results:
                 procs.append(router)
                 print("proxy overhead (direct and router batches alternate)", flush=True)
                 await proxy_overhead(
-                    upstream, router, counts, rounds=2, ttfb_count=int(600 * scale), out=out
+                    upstream, router, counts, rounds=2, ttfb_count=int(400 * scale), out=out
                 )
                 await router.stop()
 
@@ -647,7 +647,7 @@ async def bench(args: argparse.Namespace) -> Results:
                 ready_router = await start_router(pooled, *common, "--swap", "auto", logs=logs)
                 procs.append(ready_router)
                 print("endpoint ready to dispatch", flush=True)
-                await ready_to_dispatch(ready_router, int(200 * scale), out)
+                await ready_to_dispatch(ready_router, int(100 * scale), out)
         finally:
             for p in procs:
                 await p.stop()

@@ -140,17 +140,19 @@ class Proxy:
         try:
             async with self._activation.acquire(backend) as target:
                 try:
-                    return await upstream.forward(
-                        request,
-                        request.app[upstream.SESSION],
-                        url=target.base_url.rstrip("/") + request.path_qs,
-                        body=body,
-                        headers=headers,
-                        connect_timeout=self._connect_timeout,
-                        # Starts now, with the member resident: a hold never eats into it.
-                        read_timeout=live.config.response_header_timeout_seconds,
-                        on_first_chunk=first_chunk,
-                    )
+                    async with request.app[upstream.SLOTS].slot(target.base_url):
+                        return await upstream.forward(
+                            request,
+                            request.app[upstream.SESSION],
+                            url=target.base_url.rstrip("/") + request.path_qs,
+                            body=body,
+                            headers=headers,
+                            connect_timeout=self._connect_timeout,
+                            # Starts now, with the member resident: a hold never eats
+                            # into it.
+                            read_timeout=live.config.response_header_timeout_seconds,
+                            on_first_chunk=first_chunk,
+                        )
                 except Exception as e:
                     err = errors.translate(e, backend.name)
                     if err.kind is None:

@@ -7,8 +7,10 @@ into a `StreamResponse`, so server-sent events reach the client as the model emi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
@@ -17,9 +19,42 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 logger = logging.getLogger(__name__)
 
-MAX_CONNECTIONS_PER_ENDPOINT = 1024
+# Far above any model server's parallel slots, low enough that thousands of held
+# requests released at once by a swap wait for a turn instead of exhausting descriptors.
+MAX_IN_FLIGHT_PER_ENDPOINT = 1024
+
+
+class EndpointSlots:
+    """At most `limit` requests in flight to each upstream endpoint; the rest wait here.
+
+    Waiting on a semaphore costs microseconds, whereas a request parked in aiohttp's
+    connector pool has already paid for building itself: when a swap releases thousands
+    of held requests in one loop iteration, only `limit` of them do that work (and start
+    connect timers) at once, so the timers are not starved by the others.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._slots: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
+
+    @asynccontextmanager
+    async def slot(self, endpoint: str) -> AsyncIterator[None]:
+        entry = self._slots.get(endpoint)
+        if entry is None:
+            entry = self._slots[endpoint] = (asyncio.Semaphore(self._limit), [0])
+        semaphore, users = entry
+        users[0] += 1
+        try:
+            async with semaphore:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:  # pod addresses come and go: forget idle ones
+                del self._slots[endpoint]
+
 
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
+SLOTS = web.AppKey("upstream_slots", EndpointSlots)
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones.
 HOP_BY_HOP = frozenset(
@@ -55,10 +90,8 @@ def session_context(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession(
-            # No cap overall; per endpoint, far above any model server's parallel slots,
-            # but low enough that thousands of held requests released at once by a swap
-            # queue here for a connection instead of exhausting file descriptors.
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=MAX_CONNECTIONS_PER_ENDPOINT),
+            # Concurrency is bounded per endpoint by EndpointSlots, before this point.
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
             # The default 300 s total would cut long generations; reads are bounded per call.
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
             # Pass bytes as they are: the client negotiated the encoding, not us.
@@ -68,6 +101,7 @@ def session_context(
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         app[SESSION] = session
+        app[SLOTS] = EndpointSlots(MAX_IN_FLIGHT_PER_ENDPOINT)
         yield
         await session.close()
 

@@ -22,6 +22,7 @@ from sidecar.auth import parse_keys
 from sidecar.config import parse_config
 from sidecar.health import make_health_app
 from sidecar.metrics import RouterMetrics
+from sidecar.upstream import EndpointSlots
 from tests.functional.proxy_support import (
     REFUSED_BACKEND,
     FakeUpstream,
@@ -357,3 +358,25 @@ async def _until(condition: Any, limit: float = 10.0) -> None:
             if condition():
                 return
             await asyncio.sleep(0.01)
+
+
+async def test_endpoint_slots_bound_in_flight_per_endpoint_and_forget_idle_ones() -> None:
+    slots = EndpointSlots(2)
+    running = {"a": 0, "b": 0}
+    peak = {"a": 0, "b": 0}
+    gate = asyncio.Event()
+
+    async def one(endpoint: str) -> None:
+        async with slots.slot(endpoint):
+            running[endpoint] += 1
+            peak[endpoint] = max(peak[endpoint], running[endpoint])
+            await gate.wait()
+            running[endpoint] -= 1
+
+    tasks = [asyncio.create_task(one("a")) for _ in range(5)]
+    tasks.append(asyncio.create_task(one("b")))
+    await _until(lambda: running == {"a": 2, "b": 1})
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert peak == {"a": 2, "b": 1}
+    assert slots._slots == {}
