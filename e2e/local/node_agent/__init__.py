@@ -14,7 +14,8 @@ What it honours: command/args with `$(VAR)` expansion; env (value, fieldRef,
 resourceFieldRef, configMapKeyRef, secretKeyRef, envFrom); ConfigMap, Secret, emptyDir,
 hostPath, downward-API, projected and PersistentVolumeClaim volumes (a claim resolves to
 its bound volume's hostPath/local path, else `DIR/claims/<ns>_<claim>`); ConfigMap and
-Secret volumes follow their objects within ~2 s, written atomically (`..data` swap);
+Secret volumes follow their objects as soon as a watch sees the change, written
+atomically (`..data` swap);
 init containers (in order, to completion); httpGet and tcpSocket readiness, liveness
 and startup probes (exec and grpc probes always fail: they cannot run here);
 restartPolicy with a 1 s doubling backoff capped at 20 s; deletion (SIGTERM to the
@@ -60,6 +61,7 @@ own environment leaks in but PATH, LANG and PYTHONPATH.
 
 Module map: pure logic in images, podspec, volumes, allocation, probes, restarts,
 status, node, settings; I/O in kube (the only kr8s import), probe_http (the only HTTP
-client), processes, files, pod_files (volumes, tokens, kubeconfig); worker (one pod)
+client), processes, files, pod_files (volumes, tokens, kubeconfig), objects (the
+ConfigMap/Secret watch cache); worker (one pod)
 and agent (the node) are the async shells; client is the testbed-client program.
 """

@@ -19,6 +19,7 @@ import aiohttp
 from e2e.local.node_agent.allocation import Addresses, Devices
 from e2e.local.node_agent.kube import ApiError, Gone, Kube, NotFound
 from e2e.local.node_agent.node import NodeShape, lease_body, micro_time, node_body, node_status
+from e2e.local.node_agent.objects import ObjectCache
 from e2e.local.node_agent.podspec import Json
 from e2e.local.node_agent.settings import AgentSettings
 from e2e.local.node_agent.worker import NodeState, PodWorker, WorkerContext
@@ -32,10 +33,12 @@ class Agent:
     def __init__(self, settings: AgentSettings, kube: Kube, session: aiohttp.ClientSession) -> None:
         self.settings = settings
         self.kube = kube
+        self.objects = ObjectCache(kube, settings.timing.poll_seconds * 2)
         self.context = WorkerContext(
             settings=settings,
             kube=kube,
             session=session,
+            objects=self.objects,
             node=NodeState(
                 devices=Devices(count=settings.gpus),
                 addresses=Addresses(network=settings.pod_network),
@@ -66,6 +69,7 @@ class Agent:
                     group.create_task(self._renew_lease()),
                     group.create_task(self._heartbeat()),
                     group.create_task(self._watch_pods()),
+                    group.create_task(self.objects.run()),
                 ]
                 await stop.wait()
                 logger.info("stopping: terminating %s pods", len(self.workers))

@@ -136,24 +136,34 @@ class Kube:
     # Pods
 
     async def list_pods(self, node: str) -> tuple[list[Json], str]:
-        result = await self.request(
-            "GET", "v1", "pods", params={"fieldSelector": f"spec.nodeName={node}"}
-        )
-        return list(result.get("items") or []), str(result["metadata"]["resourceVersion"])
+        return await self.list("pods", f"spec.nodeName={node}")
 
     async def watch_pods(self, node: str, resource_version: str) -> AsyncIterator[tuple[str, Json]]:
-        """Events after `resource_version` until the server ends the watch; raises Gone
-        when that version is too old. Bookmarks come through as `BOOKMARK`."""
+        async for event in self.watch("pods", resource_version, f"spec.nodeName={node}"):
+            yield event
+
+    async def list(self, plural: str, field_selector: str = "") -> tuple[list[Json], str]:
+        """Every object of a core (v1) kind in all namespaces, and the list's version."""
+        params = {"fieldSelector": field_selector} if field_selector else None
+        result = await self.request("GET", "v1", plural, params=params)
+        return list(result.get("items") or []), str(result["metadata"]["resourceVersion"])
+
+    async def watch(
+        self, plural: str, resource_version: str, field_selector: str = ""
+    ) -> AsyncIterator[tuple[str, Json]]:
+        """Events of a core (v1) kind after `resource_version` until the server ends the
+        watch; raises Gone when that version is too old. Bookmarks come as `BOOKMARK`."""
         params = {
             "watch": "1",
-            "fieldSelector": f"spec.nodeName={node}",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_SECONDS),
         }
+        if field_selector:
+            params["fieldSelector"] = field_selector
         try:
             async with self._api.call_api(
-                "GET", version="v1", url="pods", params=params, stream=True, timeout=WATCH_TIMEOUT
+                "GET", version="v1", url=plural, params=params, stream=True, timeout=WATCH_TIMEOUT
             ) as response:
                 async for line in response.aiter_lines():
                     if not line.strip():

@@ -20,6 +20,7 @@ import yaml
 
 from e2e.local.node_agent import files
 from e2e.local.node_agent.kube import Kube
+from e2e.local.node_agent.objects import ObjectCache
 from e2e.local.node_agent.podspec import (
     ConfigError,
     Json,
@@ -57,11 +58,13 @@ class PodFiles:
     def __init__(
         self,
         kube: Kube,
+        objects: ObjectCache,
         settings: AgentSettings,
         directory: Path,
         log: logging.LoggerAdapter[Any],
     ) -> None:
         self.kube = kube
+        self.objects = objects
         self.settings = settings
         self.directory = directory
         self.log = log
@@ -71,19 +74,16 @@ class PodFiles:
 
     async def sources(self, pod: Json) -> Sources:
         """The ConfigMaps and Secrets the pod refers to, as they are now (None: absent)."""
-        kube = self.kube
         namespace = pod["metadata"]["namespace"]
         config_maps, secrets = referenced_objects(pod)
         found_maps: dict[str, Json | None] = {}
         found_secrets: dict[str, Json | None] = {}
         for name in sorted(config_maps):
-            url = f"namespaces/{namespace}/configmaps/{name}"
-            found_maps[name] = await kube.get("v1", url)
+            found_maps[name] = await self.objects.get("configmaps", namespace, name)
         for name in sorted(secrets):
-            secret = await kube.get("v1", f"namespaces/{namespace}/secrets/{name}")
-            if secret is not None:
-                secret["kind"] = "Secret"
-            found_secrets[name] = secret
+            secret = await self.objects.get("secrets", namespace, name)
+            # List items carry no kind; the decoding of Secret data depends on it.
+            found_secrets[name] = None if secret is None else {**secret, "kind": "Secret"}
         return Sources(config_maps=found_maps, secrets=found_secrets)
 
     async def refresh_tokens(self, pod: Json) -> bool:

@@ -24,6 +24,7 @@ from e2e.local.node_agent.allocation import Addresses, Devices
 from e2e.local.node_agent.images import PROGRAMS, image_repository, program_for
 from e2e.local.node_agent.kube import ApiError, Kube
 from e2e.local.node_agent.logs import PodLogger
+from e2e.local.node_agent.objects import ObjectCache
 from e2e.local.node_agent.pod_files import PodFiles, all_containers
 from e2e.local.node_agent.podspec import (
     ConfigError,
@@ -65,6 +66,7 @@ class WorkerContext:
     kube: Kube
     session: aiohttp.ClientSession
     node: NodeState
+    objects: ObjectCache
 
 
 def pod_dir_name(pod: Json) -> str:
@@ -93,7 +95,9 @@ class PodWorker:
         self.start_time: str = status.get("startTime") or rfc3339(time.time())
         self.last_written: dict[str, Any] | None = None
         self.gpus: dict[str, tuple[int, ...]] = {}
-        self.pod_files = PodFiles(context.kube, context.settings, self.directory, self.log)
+        self.pod_files = PodFiles(
+            context.kube, context.objects, context.settings, self.directory, self.log
+        )
         self.live: set[processes.Process] = set()
 
     # Events from the agent
@@ -291,12 +295,14 @@ class PodWorker:
                 return False
 
     async def _keep_volumes_current(self) -> None:
-        """ConfigMap, Secret and downward-API volumes follow their objects (the kubelet
-        does it within a minute; the testbed within a couple of seconds); projected
-        tokens are renewed at 80% of their lifetime."""
+        """ConfigMap and Secret volumes follow their objects as soon as the cache sees a
+        change (the kubelet takes up to a minute); downward-API files and projected
+        tokens (renewed at 80% of their lifetime) are checked every few seconds."""
         period = self.context.settings.timing.volume_sync_seconds
+        objects = self.context.objects
+        seen = objects.version
         while True:
-            await asyncio.sleep(period)
+            seen = await objects.wait_for_change(seen, at_most=period)
             try:
                 await self.pod_files.sync(self.pod, self.facts())
             except (ConfigError, ApiError) as error:
