@@ -46,3 +46,32 @@ def test_request_cas_ops_follow_the_contract() -> None:
         {"op": "test", "path": "/status/request/generation", "value": 7},
         {"op": "replace", "path": "/status/request", "value": {"member": None, "generation": 8}},
     ]
+
+
+def test_the_entry_point_dispatches_render(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from reconciler.__main__ import main
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    assert main(["render", str(examples / "model-servers.yaml"), str(examples / "pool.yaml")]) == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert "Deployment" in kinds and "Service" in kinds
+
+
+def test_settings_come_from_flags_and_environment() -> None:
+    from reconciler.settings import parse
+
+    settings = parse(
+        ["--namespace", "demo", "--leader-elect", "--metrics-port", "9100",
+         "--lease-duration", "9"],
+        {"MODELPOOL_BIND_HOST": "127.0.0.5", "POD_NAME": "r-1", "POD_NAMESPACE": "ops"},
+    )
+    assert (settings.namespace, settings.bind_host, settings.metrics_port) == (
+        "demo", "127.0.0.5", 9100)
+    assert settings.leader.enabled and settings.leader.identity == "r-1"
+    assert settings.leader.namespace == "ops"
+    assert (settings.leader.lease_seconds, settings.leader.renew_seconds) == (9.0, 3.0)
+    assert parse([], {}).bind_host == "0.0.0.0"
