@@ -142,6 +142,7 @@ def test_env_from_config_map_secret_and_field_refs(kubectl: Kubectl, namespace: 
     assert got["NVIDIA_VISIBLE_DEVICES"] == "0"
     assert Path(got["MODELPOOL_GPU_LOCK_DIR"]).is_dir()
     assert Path(got["KUBECONFIG"]).is_file()
+    assert Path(got["HOME"]) == Path(got["KUBECONFIG"]).parent
 
 
 def test_config_map_volume_is_updated_in_place(kubectl: Kubectl, namespace: str) -> None:
@@ -283,8 +284,10 @@ def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace
                                          "terminationMessagePolicy": "FallbackToLogsOnError"}]}}
 
     apply(kubectl, namespace, *rbac)
+    tokenless = client("tokenless", "list", "pods")
+    tokenless["spec"]["automountServiceAccountToken"] = False
     apply(kubectl, namespace, client("lists-pods", "list", "pods"),
-          client("lists-secrets", "list", "secrets"))
+          client("lists-secrets", "list", "secrets"), tokenless)
 
     def phase(name: str) -> str | None:
         pod = get_pod(kubectl, namespace, name)
@@ -295,6 +298,10 @@ def test_pod_process_has_its_service_accounts_rights(kubectl: Kubectl, namespace
     assert wait_for("the secrets client to finish", lambda: phase("lists-secrets")) == "Failed"
     terminated = container_status(get_pod(kubectl, namespace, "lists-secrets"))["state"]
     assert terminated["terminated"]["message"].strip() == "FORBIDDEN"
+    # No token, no credentials: not even the agent's own through a shared HOME.
+    assert wait_for("the tokenless client to finish", lambda: phase("tokenless")) == "Failed"
+    terminated = container_status(get_pod(kubectl, namespace, "tokenless"))["state"]
+    assert terminated["terminated"]["message"].startswith("ERROR no KUBECONFIG")
 
 
 def test_failed_liveness_probe_restarts_the_container(kubectl: Kubectl, namespace: str) -> None:

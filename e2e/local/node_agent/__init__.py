@@ -57,7 +57,7 @@ Every process gets `MODELPOOL_BIND_HOST=<pod IP>` (127.0.x.y, unique per pod, ne
 127.0.0.1), `HOSTNAME=<pod name>`, a GPU container `NVIDIA_VISIBLE_DEVICES` and
 `MODELPOOL_GPU_LOCK_DIR`, and an automounted token `KUBECONFIG`. Mount paths in
 command, args and env are rewritten to the volume directories. Nothing of the agent's
-own environment leaks in but PATH, LANG and PYTHONPATH.
+own environment leaks in but PATH, LANG and PYTHONPATH; HOME is the pod's directory.
 
 Module map: pure logic in images, podspec, volumes, allocation, probes, restarts,
 status, node, settings; I/O in kube (the only kr8s import), probe_http (the only HTTP

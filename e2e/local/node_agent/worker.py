@@ -329,7 +329,10 @@ class PodWorker:
         env = container_env(container, self.facts(), sources, injected)
         mounts = self.pod_files.mounts.get(name, [])
         argv = container_argv(settings.python, program, container, env, mounts)
-        return argv, {**settings.base_env, **rewrite_env(env, mounts)}
+        # HOME is the pod's own directory, so `~/.kube/config` of the agent's user can
+        # never stand in for a token the pod was not given.
+        base = {**settings.base_env, "HOME": str(self.directory)}
+        return argv, {**base, **rewrite_env(env, mounts)}
 
     async def _run_init_containers(self) -> bool:
         """Run each init container to completion, in order, before any other container
