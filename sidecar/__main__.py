@@ -147,11 +147,15 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         await health.cleanup()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(
+    argv: Sequence[str] | None = None, make_activation: ActivationFactory = real_activation
+) -> None:
+    """The console script. Exit codes: 0 after SIGTERM, 1 when a part failed, 2 for a bad
+    config at start."""
     settings = from_args(sys.argv[1:] if argv is None else argv, os.environ)
     setup_logging(settings.log_level)
     try:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, make_activation))
     except ConfigError as e:
         logger.error("%s", e)
         sys.exit(2)

@@ -11,20 +11,19 @@ address; a request for any other member is accepted and never served, so it stay
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from sidecar.__main__ import serve
+from sidecar.__main__ import ActivationFactory
+from sidecar.__main__ import main as router_main
 from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
 from sidecar.activator import PoolStatus, WriteRequest
 from sidecar.config import RouterConfig
 from sidecar.endpoints import Endpoint, EndpointSlice
-from sidecar.logs import setup_logging
 from sidecar.metrics import RouterMetrics
-from sidecar.settings import Settings, from_args
+from sidecar.settings import Settings
 from tests.functional.proxy_support import StandInActivation
 
 POOL = "heavy"
@@ -88,12 +87,29 @@ async def fake_kube_activation(
     return Activation(config, kube, metrics, identity=f"test/chat/{settings.pod_name}")
 
 
+class CrashingActivation(StandInActivation):
+    async def run(self) -> None:
+        await asyncio.sleep(0.5)
+        raise RuntimeError("activation broke")
+
+
+async def crashing_activation(
+    config: RouterConfig, metrics: RouterMetrics, settings: Settings
+) -> StandInActivation:
+    return CrashingActivation(config, metrics)
+
+
+MODES: dict[str, ActivationFactory] = {
+    "--fake-kube": fake_kube_activation,
+    "--crash-activation": crashing_activation,
+}
+
+
 def main() -> None:
+    """`--fake-kube`: the real Activation; `--crash-activation`: its run() fails soon."""
     argv = sys.argv[1:]
-    fake_kube = "--fake-kube" in argv
-    settings = from_args([a for a in argv if a != "--fake-kube"], os.environ)
-    setup_logging(settings.log_level)
-    asyncio.run(serve(settings, fake_kube_activation if fake_kube else standin_activation))
+    factory = next((MODES[a] for a in argv if a in MODES), standin_activation)
+    router_main([a for a in argv if a not in MODES], factory)
 
 
 if __name__ == "__main__":

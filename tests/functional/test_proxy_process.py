@@ -32,6 +32,10 @@ STANDIN = "tests.functional.standin_router"
 FAKE_KUBE = "tests.functional.standin_router --fake-kube"
 # The real entry point with the real Activation (url backends need no cluster).
 REAL = "sidecar"
+# The stand-in with an API keys file holding `first-key`.
+WITH_KEYS = "tests.functional.standin_router "
+# The stand-in whose activation fails half a second after start.
+CRASH = "tests.functional.standin_router --crash-activation"
 # Per mode: the model whose requests stay held, and a model served at once.
 HELD_MODEL = {STANDIN: "held", FAKE_KUBE: "gemma"}
 SERVED_MODEL = {STANDIN: "alpha", FAKE_KUBE: "coder"}
@@ -109,6 +113,37 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+async def _spawn(
+    args: list[str], tmp_path: Path, config_path: Path
+) -> tuple[asyncio.subprocess.Process, int, int, Path]:
+    """`python -m ARGS` as a router on free ports; its output goes to router.log."""
+    port, metrics_port = free_port(HOST), free_port(HOST)
+    log_path = tmp_path / "router.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELPOOL_")}
+    env["MODELPOOL_BIND_HOST"] = HOST
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            *args,
+            "--config",
+            str(config_path),
+            "--host",
+            "203.0.113.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--shutdown-grace",
+            "15",
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    return process, port, metrics_port, log_path
+
+
 @pytest.fixture
 async def router(
     request: pytest.FixtureRequest, tmp_path: Path, http: aiohttp.ClientSession
@@ -117,30 +152,11 @@ async def router(
     async with serve_app(FakeUpstream().app()) as upstream_url:
         config_path = tmp_path / "config.json"
         _write_atomically(config_path, _config(upstream_url, pooled=module == FAKE_KUBE))
-        port, metrics_port = free_port(HOST), free_port(HOST)
-        log_path = tmp_path / "router.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELPOOL_")}
-        env["MODELPOOL_BIND_HOST"] = HOST
-        with log_path.open("wb") as log:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                *module.split(),
-                "--config",
-                str(config_path),
-                "--host",
-                "203.0.113.1",
-                "--port",
-                str(port),
-                "--metrics-port",
-                str(metrics_port),
-                "--shutdown-grace",
-                "15",
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=log,
-            )
+        args = module.split()
+        if module == WITH_KEYS:
+            _write_atomically(tmp_path / "keys", "first-key\n")
+            args += ["--api-keys-file", str(tmp_path / "keys")]
+        process, port, metrics_port, log_path = await _spawn(args, tmp_path, config_path)
         proc = RouterProcess(
             process,
             module,
@@ -300,3 +316,39 @@ async def test_metrics_over_http_have_every_family_and_binds_to_bind_host(
     assert any("serving on" in entry["message"] for entry in lines), "logs are JSON lines"
     router.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(router.process.wait(), 20) == 0, router.log()
+
+
+async def test_a_failing_part_takes_the_process_down(tmp_path: Path) -> None:
+    config_path = tmp_path / "config.json"
+    _write_atomically(config_path, _config("http://127.0.0.1:9"))
+    process, *_, log_path = await _spawn(CRASH.split(), tmp_path, config_path)
+    assert await asyncio.wait_for(process.wait(), 30) == 1
+    assert "activation broke" in log_path.read_text()
+
+
+async def test_a_bad_config_at_start_exits_2(tmp_path: Path) -> None:
+    config_path = tmp_path / "config.json"
+    _write_atomically(config_path, {"router": {}})
+    process, *_, log_path = await _spawn([REAL], tmp_path, config_path)
+    assert await asyncio.wait_for(process.wait(), 30) == 2
+    assert "config.backends is required" in log_path.read_text()
+
+
+@pytest.mark.parametrize("router", [WITH_KEYS], indirect=True)
+async def test_api_keys_file_is_reloaded(
+    router: RouterProcess, http: aiohttp.ClientSession
+) -> None:
+    async def status(key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with http.get(router.url + "/v1/models", headers=headers) as resp:
+            return resp.status
+
+    assert await status("first-key") == 200
+    assert await status("second-key") == 401
+    _write_atomically(router.config_path.parent / "keys", "second-key\n")
+
+    async def rotated() -> bool:
+        return await status("second-key") == 200
+
+    await _until("the new key is accepted", rotated)
+    assert await status("first-key") == 401
