@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from e2e.local.node_agent.node import event_body
 from e2e.local.node_agent.restarts import backoff_seconds, should_restart
 from e2e.local.node_agent.status import (
     ContainerRuntime,
@@ -174,3 +175,14 @@ def test_pod_is_pending_and_not_initialized_until_init_containers_complete() -> 
 def test_no_init_containers_no_init_statuses() -> None:
     status = pod_status(POD, [rt("running", started_at=T0)], "127.0.1.1", "127.0.0.1", T0, T1)
     assert "initContainerStatuses" not in status
+
+
+def test_event_body_names_the_pod_and_the_node() -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+    event = event_body(pod, "node-a", "Warning", "Failed", "x" * 2000, 0.0)
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                       "namespace": "ns", "uid": "u"}
+    assert event["metadata"] == {"generateName": "p.", "namespace": "ns"}
+    assert (event["type"], event["reason"]) == ("Warning", "Failed")
+    assert event["source"] == {"component": "kubelet", "host": "node-a"}
+    assert len(event["message"]) == 1000

@@ -24,7 +24,9 @@ with gracePeriodSeconds=0 only once every process has exited); pods that vanish 
 the API are stopped (grace at most 5 s). `terminationMessagePolicy:
 FallbackToLogsOnError` puts the log's tail in `terminated.message`. Ignored: security
 contexts (processes run as the agent's user), resource limits other than GPUs,
-hostNetwork, workingDir.
+hostNetwork, workingDir. Events (source `kubelet`): Started, Killing, BackOff,
+Unhealthy (a liveness/startup failure), Failed (unknown image), FailedMount; never on a
+timer, so an idle cluster stays quiet.
 
 Images (docs/contracts.md section 3; registry, tag and digest ignored), each run with
 the agent's own interpreter (`sys.executable`):

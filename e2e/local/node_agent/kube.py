@@ -191,6 +191,9 @@ class Kube:
         with contextlib.suppress(NotFound, Conflict):
             await self.request("DELETE", "v1", f"namespaces/{namespace}/pods/{name}", body=body)
 
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        await self.request("POST", "v1", f"namespaces/{namespace}/events", body=body)
+
     async def get(self, version: str, url: str) -> Json | None:
         """An object, or None when it does not exist."""
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,3 +115,32 @@ def micro_time(moment: float) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def event_body(
+    pod: Mapping[str, Any], node: str, kind: str, reason: str, message: str, now: float
+) -> dict[str, Any]:
+    """A core/v1 Event about a pod, from this node's kubelet stand-in."""
+    meta = pod["metadata"]
+    stamp = rfc3339(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1000],
+        "source": {"component": "kubelet", "host": node},
+        "reportingComponent": "kubelet",
+        "reportingInstance": node,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

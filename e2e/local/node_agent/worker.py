@@ -24,6 +24,7 @@ from e2e.local.node_agent.allocation import Addresses, Devices
 from e2e.local.node_agent.images import PROGRAMS, image_repository, program_for
 from e2e.local.node_agent.kube import ApiError, Kube
 from e2e.local.node_agent.logs import PodLogger
+from e2e.local.node_agent.node import event_body
 from e2e.local.node_agent.objects import ObjectCache
 from e2e.local.node_agent.pod_files import PodFiles, all_containers
 from e2e.local.node_agent.podspec import (
@@ -99,6 +100,8 @@ class PodWorker:
             context.kube, context.objects, context.settings, self.directory, self.log
         )
         self.live: set[processes.Process] = set()
+        self.event_tasks: set[asyncio.Task[None]] = set()
+        self.last_event: tuple[str, str] | None = None
 
     # Events from the agent
 
@@ -151,6 +154,8 @@ class PodWorker:
             self.release_gpus()
             node = self.context.node
             node.addresses = node.addresses.release(self.uid)
+        if self.event_tasks:
+            await asyncio.gather(*self.event_tasks, return_exceptions=True)
         if self.delete_when_stopped:
             self.log.info("processes stopped; deleting the pod object")
             try:
@@ -231,6 +236,7 @@ class PodWorker:
             f"(it runs images of: {known})"
         )
         self.log.error("%s", message)
+        self._event("Warning", "Failed", message)
         self.failure = PodFailure(reason="UnknownImage", message=message)
         for container in unknown:
             runtimes = self.runtimes if container["name"] in self.runtimes else self.init_runtimes
@@ -286,6 +292,7 @@ class PodWorker:
                 return True
             except (ConfigError, ApiError) as error:
                 self.log.warning("cannot prepare volumes: %s", error)
+                self._event("Warning", "FailedMount", str(error))
                 for name, runtime in self.runtimes.items():
                     self.runtimes[name] = replace(
                         runtime, reason="ContainerCreating", message=str(error)[:300]
@@ -425,6 +432,7 @@ class PodWorker:
             started_at = rfc3339(time.time())
             container_id = f"local://{process.pid}"
             self.log.info("container %s started (pid %s): %s", name, process.pid, argv)
+            self._event("Normal", "Started", f"Started container {name}")
             self._set(
                 name,
                 state="running",
@@ -459,6 +467,7 @@ class PodWorker:
             delay = restarts.backoff_seconds(
                 restart_count + 1, timing.backoff_base_seconds, timing.backoff_cap_seconds
             )
+            self._event("Warning", "BackOff", f"Back-off restarting failed container {name}")
             self._set(
                 name,
                 state="waiting",
@@ -482,6 +491,7 @@ class PodWorker:
 
         async def stop(why: str) -> None:
             self.log.info("container %s: %s; stopping it", name, why)
+            self._event("Normal", "Killing", f"Stopping container {name}: {why}")
             await process.stop(self.grace_seconds())
 
         def on_startup(state: ProbeState) -> bool:
@@ -547,11 +557,32 @@ class PodWorker:
             ok = await probe_once(self.context.session, spec)
             state = step(spec, state, ok)
             if handler(state):
+                self._event("Warning", "Unhealthy", f"{key} failed {state.failures} times")
                 await stop(f"{key} failed {state.failures} times")
                 return
             if key == "startupProbe" and state.result is True:
                 return
             await asyncio.sleep(spec.period)
+
+    # Events
+
+    def _event(self, kind: str, reason: str, message: str) -> None:
+        """Post an Event about the pod in the background; the same reason and message
+        twice in a row are posted once (a retry loop must not flood the API server)."""
+        if self.last_event == (reason, message):
+            return
+        self.last_event = (reason, message)
+        body = event_body(self.pod, self.context.settings.node_name, kind, reason, message,
+                          time.time())
+        task = asyncio.create_task(self._post_event(body))
+        self.event_tasks.add(task)
+        task.add_done_callback(self.event_tasks.discard)
+
+    async def _post_event(self, body: Json) -> None:
+        try:
+            await self.context.kube.create_event(self.namespace, body)
+        except ApiError as error:
+            self.log.warning("could not post event %s: %s", body["reason"], error)
 
     # Status
 
