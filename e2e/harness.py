@@ -104,15 +104,22 @@ class KubectlLike(Protocol):
 # Waiting
 
 
-def eventually(check: Callable[[], T | None], what: str, within: float = 60.0) -> T:
-    """Poll `check` until it returns something other than None; fail naming `what`."""
+def eventually(
+    check: Callable[[], T | None],
+    what: str,
+    within: float = 60.0,
+    explain: Callable[[], object] | None = None,
+) -> T:
+    """Poll `check` until it returns something other than None; fail naming `what` (and
+    what `explain()` says about the last state, when given)."""
     deadline = time.monotonic() + within
     while True:
         result = check()
         if result is not None:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
+            detail = f"; last seen: {explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}{detail}")
         time.sleep(POLL_SECONDS)
 
 
@@ -331,10 +338,11 @@ def wait_pool_ready(
     within: float = 60.0,
 ) -> Json:
     """The pool once phase Ready and Ready (kstatus), with `resident` when given."""
+    last: list[Json] = [{}]
 
     def check() -> Json | None:
         obj = get(kubectl, namespace, f"modelpools.{GROUP}", name)
-        status = obj.get("status") or {}
+        status = last[0] = obj.get("status") or {}
         if status.get("phase") != "Ready" or not is_ready(obj):
             return None
         if resident is not None and status.get("residentMember") != resident:
@@ -342,7 +350,7 @@ def wait_pool_ready(
         return obj
 
     return eventually(check, f"pool {namespace}/{name} Ready with {resident or 'any member'}",
-                      within)
+                      within, explain=lambda: json.dumps(last[0]))
 
 
 @dataclass(frozen=True)
@@ -496,6 +504,8 @@ class MemberWatch:
             self._process.wait(10)
         if self._thread is not None:
             self._thread.join(10)
+        if self._process is not None and self._process.stdout is not None:
+            self._process.stdout.close()
 
     def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None
