@@ -3,8 +3,9 @@
 A component must outlive the `modelpool-local up` that started it, and a later `down`
 from another process must find it. So each one runs in its own session (it is not our
 child: `setsid --fork`), writes its pid itself before it execs (`sh -c 'echo $$ >pid;
-exec ...'`), and is recognised later by its pid *and* its executable, so a recycled pid
-is never mistaken for it.
+exec ...'`), and is recognised later by its pid *and* its whole command line (which
+names its cluster's state directory), so a recycled pid, even one now running the same
+binary for another cluster, is never mistaken for it.
 """
 
 from __future__ import annotations
@@ -26,22 +27,27 @@ _LAUNCH = 'echo $$ >"$0.tmp" && mv "$0.tmp" "$0" && exec "$@"'
 
 @dataclass(frozen=True)
 class Tracked:
-    """A pid file's content: the pid and the argv[0] it was started with."""
+    """A pid file's content and the command line the process was started with."""
 
     pid: int
-    executable: str
+    argv: tuple[str, ...]
+
+
+def _argv_file(pid_file: Path) -> Path:
+    return pid_file.with_suffix(".argv")
 
 
 def _read(pid_file: Path) -> Tracked | None:
     try:
         pid = int(pid_file.read_text().strip())
-        exe_file = pid_file.with_suffix(".exe")
-        return Tracked(pid, exe_file.read_text().strip())
+        argv = tuple(_argv_file(pid_file).read_text().split("\0"))
+        return Tracked(pid, argv)
     except (OSError, ValueError):
         return None
 
 
-def _argv0(pid: int) -> str | None:
+def _cmdline(pid: int) -> tuple[str, ...] | None:
+    """The live command line of `pid`; None when it is gone or a zombie."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -49,15 +55,28 @@ def _argv0(pid: int) -> str | None:
                 return None
     except OSError:
         return None
-    return raw.split(b"\0", 1)[0].decode(errors="replace") if raw else None
+    if not raw:
+        return None
+    return tuple(raw.rstrip(b"\0").decode(errors="replace").split("\0"))
 
 
 def running(pid_file: Path) -> int | None:
     """The pid of the live process that `pid_file` tracks, else None."""
     tracked = _read(pid_file)
     if tracked is None:
+        return _running_by_executable(pid_file)
+    return tracked.pid if _cmdline(tracked.pid) == tracked.argv else None
+
+
+def _running_by_executable(pid_file: Path) -> int | None:
+    """Pid files of the first testbed builds recorded only the executable (`.exe`)."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        executable = pid_file.with_suffix(".exe").read_text().strip()
+    except (OSError, ValueError):
         return None
-    return tracked.pid if _argv0(tracked.pid) == tracked.executable else None
+    cmdline = _cmdline(pid)
+    return pid if cmdline is not None and cmdline[0] == executable else None
 
 
 def start(
@@ -72,7 +91,7 @@ def start(
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.unlink(missing_ok=True)
-    pid_file.with_suffix(".exe").write_text(argv[0] + "\n")
+    _argv_file(pid_file).write_text("\0".join(argv))
     with log_file.open("ab") as out:
         launcher = subprocess.run(
             ["setsid", "--fork", "sh", "-c", _LAUNCH, str(pid_file), *argv],
@@ -85,7 +104,7 @@ def start(
         )
     if launcher.returncode != 0:
         raise RuntimeError(f"could not launch {argv[0]} (see {log_file})")
-    # The pid file appears just before the exec: wait until the pid runs `argv[0]`.
+    # The pid file appears just before the exec: wait until the pid runs `argv`.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = running(pid_file)
@@ -99,7 +118,7 @@ def start(
 
 
 def _alive(pid: int) -> bool:
-    return _argv0(pid) is not None
+    return _cmdline(pid) is not None
 
 
 def _signal(pid: int, sig: signal.Signals, group: bool) -> None:
@@ -134,6 +153,7 @@ def stop(pid_file: Path, grace: float) -> bool:
         _signal(pid, signal.SIGKILL, group=True)
         _wait_gone(pid, 5.0)
     pid_file.unlink(missing_ok=True)
+    _argv_file(pid_file).unlink(missing_ok=True)
     pid_file.with_suffix(".exe").unlink(missing_ok=True)
     return pid is not None
 

@@ -46,9 +46,15 @@ def test_process_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> N
 
 def test_a_recycled_pid_is_not_taken_for_the_component(tmp_path: Path) -> None:
     pid_file = tmp_path / "other.pid"
-    pid_file.write_text(f"{os.getpid()}\n")
-    pid_file.with_suffix(".exe").write_text("/nonexistent/etcd\n")
-    assert processes.running(pid_file) is None
+    pid = processes.start([SLEEP, "60"], pid_file, tmp_path / "other.log")
+    try:
+        # The same binary started for another cluster: another command line.
+        pid_file.with_suffix(".argv").write_text(f"{SLEEP}\x0061")
+        assert processes.running(pid_file) is None
+        pid_file.with_suffix(".argv").write_text(f"{SLEEP}\x0060")
+        assert processes.running(pid_file) == pid
+    finally:
+        processes.stop(pid_file, grace=5.0)
 
 
 def test_kill_under_ends_processes_working_in_the_directory(tmp_path: Path) -> None:
