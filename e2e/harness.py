@@ -15,7 +15,12 @@ Install
     namespaces) then never see two actors on one pool. Both wait until the CRDs are
     Established and the reconciler pod is Ready; both return an `Installation`.
     `uninstall_scope(kubectl, NS)` deletes that scoped Deployment.
-    `install_examples(kubectl)` applies `examples/` (`kubectl apply -k examples`).
+    `install_examples(kubectl)` applies `examples/` (`kubectl apply -k examples`, namespace
+    modelpool-demo); `apply_examples(kubectl, NS)` puts the example pool, servers and
+    router into NS instead (`kubectl apply -n NS -f ...`, as examples/kustomization.yaml
+    suggests), after letting NS admit their hostPath volume (Pod Security privileged).
+    `remove_workloads(kubectl, NS)` deletes every ModelRouter, ModelPool and ModelServer
+    in NS and waits until their pods are gone (the GPU is free for the next test).
 
 Objects (dicts ready for `apply`)
     `fake_member(name, load_time=3.0, ...)` a ModelServer on `modelpool/fake-model`
@@ -195,6 +200,26 @@ def install_examples(kubectl: KubectlLike, examples: Path = EXAMPLES) -> None:
 
 def reconciler_pod(kubectl: KubectlLike, installation: Installation) -> Pod:
     return wait_reconciler_ready(kubectl, installation, within=30.0)
+
+
+EXAMPLE_FILES = ("model-servers.yaml", "pool.yaml", "router.yaml")
+
+
+def apply_examples(kubectl: KubectlLike, namespace: str, examples: Path = EXAMPLES) -> None:
+    """The example pool (gpu0: gemma and qwen) and router (chat), applied into `namespace`."""
+    kubectl("label", "namespace", namespace, "--overwrite",
+            "pod-security.kubernetes.io/enforce=privileged")
+    files = [arg for name in EXAMPLE_FILES for arg in ("-f", str(examples / name))]
+    kubectl("apply", "--server-side", "-n", namespace, *files)
+
+
+def remove_workloads(kubectl: KubectlLike, namespace: str, within: float = 60.0) -> None:
+    kinds = ",".join(f"{plural}.{GROUP}" for plural in ("modelrouters", "modelpools",
+                                                       "modelservers"))
+    kubectl("delete", kinds, "--all", "-n", namespace, "--wait=false", check=False)
+    eventually(lambda: True if not list_pods(kubectl, namespace, "app.kubernetes.io/part-of="
+                                             "modelpool") else None,
+               f"the pods of {namespace} gone", within)
 
 
 def wait_reconciler_ready(

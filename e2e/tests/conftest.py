@@ -28,9 +28,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def installed(kubectl: local.Kubectl, namespace: str) -> Iterator[harness.Installation]:
-    """modelpool installed from overlays/local, its reconciler in a pod watching `namespace`."""
+    """modelpool installed from overlays/local, its reconciler in a pod watching `namespace`.
+
+    Afterwards the test's pools, servers and routers are deleted and their pods waited
+    for, so the node's one GPU is free when the next test starts."""
     installation = harness.install(kubectl, scope=namespace)
     try:
         yield installation
     finally:
-        harness.uninstall_scope(kubectl, namespace)
+        try:
+            harness.remove_workloads(kubectl, namespace)
+        finally:
+            harness.uninstall_scope(kubectl, namespace)

@@ -410,3 +410,29 @@ def run_kubectl(binary: str, kubeconfig: Path, *args: str) -> subprocess.Complet
         capture_output=True, text=True, timeout=30, check=False,
     )
 
+
+
+# --- The examples, as a user applies them -----------------------------------------------
+
+
+def test_the_example_pool_serves_both_models_through_its_router(
+    kubectl: Kubectl, namespace: str, installed: Installation
+) -> None:
+    """examples/ (gemma on llama.cpp, qwen on vLLM: the node agent runs both images as the
+    fake model server) applied into the test's namespace; both models answer by name and
+    by alias, streaming and not."""
+    harness.apply_examples(kubectl, namespace)
+    harness.wait_pool_ready(kubectl, namespace, "gpu0", resident="gemma", within=60)
+    (router,) = harness.wait_router_ready(kubectl, namespace, "chat", within=60)
+    with openai.OpenAI(base_url=harness.base_url(router), api_key="unused",
+                       max_retries=0, timeout=60) as client:
+        chat(client, "gemma")
+        stream(client, "gemma-3-4b-it")  # an alias
+        reply = client.chat.completions.create(
+            model="Qwen/Qwen2.5-1.5B-Instruct", messages=MESSAGES, max_tokens=4
+        )
+        assert reply.choices[0].message.content
+        assert len(stream(client, "qwen")) >= 2
+    pool = harness.pool_status(kubectl, namespace, "gpu0")
+    assert pool["residentMember"] == "qwen"
+    assert pool["lastSwap"]["from"] == "gemma" and pool["lastSwap"]["outcome"] == "Succeeded"
