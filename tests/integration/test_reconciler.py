@@ -355,9 +355,12 @@ async def test_a_busy_incumbent_defers_the_swap_until_its_request_ends(
 async def test_a_target_that_never_turns_ready_is_abandoned_and_the_next_request_swaps(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:
+    # a generous budget except around the doomed swap: a loaded machine starts pods slowly
     apply(kubectl, namespace, server("a"), server("b", fail_load=True), server("c"),
-          pool(["a", "b", "c"], budget="8s"))
+          pool(["a", "b", "c"]))
     await ready_with(reconciler, "a")
+    apply(kubectl, namespace, pool(["a", "b", "c"], budget="8s"))
+    await eventually(lambda: _observed(reconciler), "the new budget observed", 20)
     generation = await reconciler.request("b")
 
     async def abandoned() -> Json | None:
@@ -379,6 +382,7 @@ async def test_a_target_that_never_turns_ready_is_abandoned_and_the_next_request
     assert reconciler.sample("modelpool_swap_failures_total", pool="slot", member="b",
                              reason="SwapBudgetExceeded") == 1
     # the pool is cold again and loads its default; the next request swaps normally
+    apply(kubectl, namespace, pool(["a", "b", "c"]))
     await ready_with(reconciler, "a")
     await reconciler.request("c")
     body = await ready_with(reconciler, "c")
@@ -545,6 +549,12 @@ async def test_a_member_in_two_pools_stalls_both_until_fixed(
         lambda: _resident(reconciler, "one", "a"), "pool one Ready with a", 60)
     await eventually(
         lambda: _resident(reconciler, "two", "c"), "pool two Ready with c", 60)
+
+
+async def _observed(running: Running, pool_name: str = "slot") -> bool | None:
+    body = await running.pool(pool_name)
+    seen = (body.get("status") or {}).get("observedGeneration")
+    return True if seen == body["metadata"]["generation"] else None
 
 
 async def _resident(running: Running, pool_name: str, member: str) -> bool | None:
