@@ -475,7 +475,9 @@ class Controller:
         body = self.pools.get(namespace, name)
         key = (namespace, name)
         if body is None:
-            self.pool_states.pop(key, None)
+            gone = self.pool_states.pop(key, None)
+            if gone is not None:
+                self.metrics.forget_pool(namespace, name, gone.config.members)
             return
         status = body.get("status") or {}
         generation = int(_meta(body).get("generation") or 0)

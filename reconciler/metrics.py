@@ -7,6 +7,7 @@ collector can end up on a registry nothing exposes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -100,3 +101,9 @@ class ReconcilerMetrics:
         self.swap_duration_seconds.labels(namespace, pool).observe(duration)
         for phase, seconds in phases:
             self.swap_phase_duration_seconds.labels(namespace, pool, phase).observe(seconds)
+
+    def forget_pool(self, namespace: str, pool: str, members: Iterable[str]) -> None:
+        """A deleted pool's members are resident nowhere: drop their series."""
+        for member in members:
+            with contextlib.suppress(KeyError):  # never set
+                self.resident.remove(namespace, pool, member)
