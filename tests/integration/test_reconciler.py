@@ -432,10 +432,10 @@ async def test_an_idle_reconciler_makes_no_writes(
     reconciler posted; (3) the reconciler's own count of the writes it sent
     (modelpool_reconciler_api_writes_total). Other writers (the controller manager, the
     node agent) are left out on purpose: they are not the reconciler."""
-    apply(kubectl, namespace, server("a"), server("b"), pool(["a", "b"]))
+    apply(kubectl, namespace, server("a"), server("b"), pool(["a", "b"]), router(["a", "b"]))
     await ready_with(reconciler, "a")
 
-    kinds = "modelservers,modelpools,deployments,replicasets,services,configmaps," \
+    kinds = "modelservers,modelpools,modelrouters,deployments,replicasets,services,configmaps," \
             "serviceaccounts,roles,rolebindings,endpointslices"
 
     def footprint() -> tuple[dict[str, str], int, float]:
