@@ -248,6 +248,13 @@ class Controller:
                 self.metrics.reconcile_total.labels(key.kind, "error").inc()
                 log.warning("reconcile of %s %s/%s failed: %s; again in %.1fs",
                             key.kind, key.namespace, key.name, e, delay)
+            except Exception:
+                # A bug met on one object: retried with backoff like any failure, logged
+                # with its traceback, and counted; the other objects keep being served.
+                delay = self.queue.retry(key)
+                self.metrics.reconcile_total.labels(key.kind, "error").inc()
+                log.exception("reconcile of %s %s/%s raised; again in %.1fs",
+                              key.kind, key.namespace, key.name, delay)
             else:
                 self.queue.forget(key)
                 self.metrics.reconcile_total.labels(key.kind, "success").inc()
