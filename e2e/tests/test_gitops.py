@@ -238,9 +238,10 @@ def gitops_namespace(kubectl: Kubectl) -> Iterator[str]:
     finally:
         kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
         if not reconciler_before:
+            # Waits for its pods to go: a test after this one must not meet a second actor.
             kubectl("delete", "deployment", harness.RECONCILER, "-n",
-                    harness.SYSTEM_NAMESPACE, "--ignore-not-found", "--wait=false",
-                    check=False)
+                    harness.SYSTEM_NAMESPACE, "--ignore-not-found", "--cascade=foreground",
+                    "--timeout=60s", check=False, timeout=70.0)
 
 
 @pytest.mark.timeout(300)
