@@ -23,8 +23,9 @@ Checked throughout:
 Requests, swaps, faults and violations are printed and written to `soak.json` in the
 test's temporary directory. The run lasts MODELPOOL_SOAK_SECONDS (or `--soak-seconds`,
 when the conftest offers it; default 90) and at least one round of the five faults.
-Restarting kube-apiserver affects every user of the cluster: run the soak on a cluster of
-its own (the default without MODELPOOL_REUSE_CLUSTER) or in CI.
+Restarting kube-apiserver would disturb every other user of a cluster, so the soak always
+starts a cluster of its own (this module's `cluster` fixture overrides the shared one,
+MODELPOOL_REUSE_CLUSTER notwithstanding) and takes it down afterwards.
 """
 
 from __future__ import annotations
@@ -500,6 +501,17 @@ def scoped_install(kubectl: Kubectl, namespace: str) -> list[Json]:
                "subjects": [{"kind": "ServiceAccount", "name": harness.RECONCILER,
                              "namespace": harness.SYSTEM_NAMESPACE}]}
     return [*documents, role, binding]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
+    """The soak's own cluster (it restarts kube-apiserver): overrides the shared fixture."""
+    state = tmp_path_factory.mktemp("soak-cluster", numbered=True)
+    options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
+    try:
+        yield controlplane.up(options)
+    finally:
+        controlplane.down(state)
 
 
 @pytest.fixture
