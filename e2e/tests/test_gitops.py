@@ -17,13 +17,17 @@ manager `argocd-controller`, swaps the pool back and forth through the router, t
   Flux's `Ready` check for our own kinds) for every git object and every Deployment the
   reconciler rendered: all Current.
 
-It installs the cluster-wide reconciler of the base (as a user's sync would), so on a
-shared cluster it removes that Deployment again if it was not there before.
+It installs the cluster-wide reconciler of the base (as a user's sync would), which would
+act on every namespace of a shared cluster, next to the in-process reconcilers of other
+tests; so it runs on a cluster of its own (this module's `cluster` fixture overrides the
+shared one) and, should it ever share one, removes that Deployment again if it was not
+there before.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,6 +37,7 @@ import pytest
 import yaml
 
 from e2e import harness
+from e2e.local import controlplane
 from e2e.local.fixtures import Kubectl
 
 GIT_MANAGER = "argocd-controller"
@@ -223,6 +228,17 @@ def _swap_through_router(kubectl: Kubectl, namespace: str) -> None:
             assert pool.get("residentMember") == model, pool
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
+    """A cluster of the test's own, whatever MODELPOOL_REUSE_CLUSTER says (see above)."""
+    state = tmp_path_factory.mktemp("gitops-cluster", numbered=True)
+    options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
+    try:
+        yield controlplane.up(options)
+    finally:
+        controlplane.down(state)
 
 
 @pytest.fixture
