@@ -216,7 +216,7 @@ async def measure(
 
 
 def report(samples: Sequence[Sample], phases: Mapping[str, Mapping[str, float]],
-           options: Options, command: str) -> str:
+           options: Options, command: str, load: tuple[float, float]) -> str:
     lines = [
         HEADING,
         "",
@@ -230,7 +230,8 @@ def report(samples: Sequence[Sample], phases: Mapping[str, Mapping[str, float]],
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, {time.strftime('%Y-%m-%d', time.gmtime())}; the local "
         "testbed (kube-apiserver, etcd, controller manager, scheduler, node agent running pods "
-        "as processes).",
+        f"as processes). Load average (1 min) at the start {load[0]:.1f}, at the end "
+        f"{load[1]:.1f}: other work on the machine inflates the figures.",
         "",
         "| swaps | n | overhead p50 | p95 | mean | max | first byte p50 |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -295,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kubectl = Kubectl(cluster.kubeconfig,
                       shutil.which("kubectl") or str(cluster.bin_dir / "kubectl"))
     namespace = f"bench-swap-{secrets.token_hex(3)}"
+    load_start = os.getloadavg()[0]
     try:
         router, reconciler = setup(kubectl, namespace, options)
         samples, phases = asyncio.run(measure(kubectl, namespace, router, reconciler, options))
@@ -303,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         harness.uninstall_scope(kubectl, namespace)
         if not options.keep:
             controlplane.down(cluster.state_dir)
-    section = report(samples, phases, options, command.replace(" --write-docs", ""))
+    section = report(samples, phases, options, command.replace(" --write-docs", ""),
+                     (load_start, os.getloadavg()[0]))
     print("\n" + section)
     print(json.dumps({"samples": [s.__dict__ | {"overhead": s.overhead} for s in samples]}))
     if options.write_docs:
