@@ -77,8 +77,10 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
     stopping = asyncio.Event()
 
     def apply_config(new: RouterConfig) -> None:
-        live.apply_config(new)
+        # The activator first: if it refuses the config, the routes stay as they were
+        # (and the watcher's failure takes the process down rather than half-apply it).
         activation.update_config(new)
+        live.apply_config(new)
 
     def apply_keys(new: ApiKeys) -> None:
         live.keys = new
