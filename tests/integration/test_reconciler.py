@@ -569,10 +569,23 @@ async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what
     apply(kubectl, namespace, server("a"), router(["a"]))
 
     async def rendered() -> bool | None:
-        ok = kubectl("get", "role", "chat-router", "-n", namespace, check=False).returncode == 0
-        return True if ok else None
+        for kind, name in (("role", "chat-router"), ("configmap", "chat-config"),
+                           ("deployment", "chat-router")):
+            if kubectl("get", kind, name, "-n", namespace, check=False).returncode:
+                return None
+        return True
 
     await eventually(rendered, "the router's Role", 30)
+    # a hand edit of a rendered ConfigMap is put back
+    original = kubectl.json("get", "configmap", "chat-config", "-n", namespace)["data"]
+    kubectl("patch", "configmap", "chat-config", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"data": {"config.json": "{}"}}))
+
+    async def restored() -> bool | None:
+        data = kubectl.json("get", "configmap", "chat-config", "-n", namespace)["data"]
+        return True if data == original else None
+
+    await eventually(restored, "the router's config put back", 30)
     external = router(["a"])
     external["spec"]["backends"] = [{"name": "ext", "url": "http://127.0.0.1:9"}]
     external["spec"]["defaultRoute"] = "ext"
