@@ -346,11 +346,14 @@ class Soak:
             if response.status != 200:
                 fault.detail = f"the fault switch answered {response.status}"
                 return
-        fault.detail = f"{resident} ({pod.name}) /slots answers 500 for 8s"
+        failing_since = self.now()
+        # Until the reconciler defers a swap for it, or 8 s without anyone asking for one.
         deferred = await self.wait_for(
             lambda: any(c.get("reason") == "IdleCheckFailed" and c.get("status") == "True"
                         for c in self.pool.get("conditions") or []), 8.0)
-        fault.detail += "; swap deferred (IdleCheckFailed)" if deferred else ""
+        fault.detail = (f"{resident} ({pod.name}) /slots answered 500 for "
+                        f"{self.now() - failing_since:.1f}s"
+                        + ("; a swap was deferred (IdleCheckFailed)" if deferred else ""))
         with contextlib.suppress(aiohttp.ClientError):
             async with session.put(url, json={"idleProbe": "ok"}) as response:
                 await response.read()
