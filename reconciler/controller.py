@@ -43,7 +43,7 @@ from reconciler.render import (
 )
 from reconciler.settings import Settings
 from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
-from reconciler.timefmt import rfc3339
+from reconciler.timefmt import parse, rfc3339
 from reconciler.workqueue import QueueShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -341,18 +341,29 @@ class Controller:
             return None, True
         return (pools[0] if pools else None), False
 
-    def _server_replicas(self, spec: ModelServerSpec, pool: str | None, ambiguous: bool) -> int:
+    def _server_replicas(
+        self, spec: ModelServerSpec, pool: str | None, ambiguous: bool, created: float | None
+    ) -> int:
         """A pool member's replicas are what its pool's swap wants; while that cannot be
         known (a member of two pools, a pool with a problem, not yet stepped) whatever runs
-        keeps running: nothing is scaled."""
+        keeps running: nothing is scaled. A server in no pool runs at spec.replicas, but
+        not in its first seconds: a pool applied together with it (kubectl apply -k, a
+        GitOps sync) may reach the reconciler a moment later and must claim it before it
+        loads, or two members would start at once."""
+        live = self.deployments.get(spec.namespace, spec.name)
+        live_replicas = int(((live or {}).get("spec") or {}).get("replicas") or 0)
         if pool is None and not ambiguous:
+            settle = self.settings.swap.standalone_settle_seconds
+            age = self.clock() - created if created is not None else settle
+            if age < settle:
+                self.queue.add_after(Key(SERVER, spec.namespace, spec.name), settle - age)
+                return min(spec.replicas, live_replicas)
             return spec.replicas
         state = self.pool_states.get((spec.namespace, pool)) if pool else None
         wanted = s.desired_replicas(state) if state is not None else None
         if wanted is not None and spec.name in wanted:
             return wanted[spec.name]
-        live = self.deployments.get(spec.namespace, spec.name)
-        return int(((live or {}).get("spec") or {}).get("replicas") or 0)
+        return live_replicas
 
     async def reconcile_server(self, namespace: str, name: str) -> None:
         body = self.servers.get(namespace, name)
@@ -367,7 +378,9 @@ class Controller:
             await self._server_stalled(body, logger, "InvalidSpec", str(e))
             return
         pool, ambiguous = self._pool_for(namespace, name)
-        replicas = self._server_replicas(spec, pool, ambiguous)
+        replicas = self._server_replicas(
+            spec, pool, ambiguous, parse(meta.get("creationTimestamp"))
+        )
         objects = self.renderer.model_server(
             spec, replicas=replicas, owner_uid=meta.get("uid"), pool=pool
         )

@@ -29,6 +29,9 @@ class SwapSettings:
     # How often a deferred swap asks the incumbent again whether it is idle.
     probe_interval_seconds: float = 2.0
     probe_timeout_seconds: float = 3.0
+    # A ModelServer in no pool waits this long after its creation before it is started, so
+    # that a pool applied together with it claims it first.
+    standalone_settle_seconds: float = 3.0
 
 
 @dataclass(frozen=True)
