@@ -329,11 +329,15 @@ async def test_a_client_that_disconnects_mid_swap_does_not_abort_the_swap(
 
 # --- The resident's process killed out of band ------------------------------------------
 
-# The bound: the request that meets the dead process may get 502 (its connection was
-# refused); the router then marks the address bad and holds requests until the restarted
-# server is Ready again, so no other request gets 502, and service is back within the
-# restart, b's load time and the readiness probe's period with room to spare.
+# The bound: at most two requests get 502, both at once after the kill, and never one
+# after service came back. The first may go out on a kept-alive connection to the dead
+# process (a reset: "upstream_failed"); the router does not count that as a connection
+# failure, so the next one meets the refused port ("upstream_connect_failed"), and that one
+# marks the address bad and re-verifies residency: from then on requests are held until
+# the restarted server is Ready. So at most one connect failure, and service back within
+# the restart, a's load time and the readiness probe's period, with room to spare.
 KILL_RECOVERY_SECONDS = 30.0
+MAX_502_AFTER_KILL = 2
 
 
 def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering_502(
@@ -346,23 +350,32 @@ def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering
         chat(client, "a")
         os.kill(pod.pid, signal.SIGKILL)
         killed = time.monotonic()
-        codes: list[int] = []
+        outcomes: list[tuple[int, str | None]] = []
         recovered = None
         while time.monotonic() - killed < KILL_RECOVERY_SECONDS + 30:
             try:
                 chat(client, "a")
-                codes.append(200)
+                outcomes.append((200, None))
             except openai.APIStatusError as e:
-                codes.append(e.status_code)
-            if codes[-1] == 200:
+                code = e.body.get("code") if isinstance(e.body, dict) else None
+                outcomes.append((e.status_code, code))
+            if outcomes[-1][0] == 200:
                 recovered = time.monotonic() - killed
                 break
+        after = []
         for _ in range(5):
-            chat(client, "a")
-    assert recovered is not None, f"no 200 after the kill: {codes}"
-    assert codes.count(502) <= 1, codes
-    assert set(codes) <= {200, 502}, codes
-    assert recovered <= KILL_RECOVERY_SECONDS, f"{recovered:.1f}s to recover: {codes}"
+            try:
+                chat(client, "a")
+                after.append(200)
+            except openai.APIStatusError as e:
+                after.append(e.status_code)
+    assert recovered is not None, f"no 200 after the kill: {outcomes}"
+    statuses = [status for status, _ in outcomes]
+    assert set(statuses) <= {200, 502}, outcomes
+    assert statuses.count(502) <= MAX_502_AFTER_KILL, outcomes
+    assert [c for _, c in outcomes].count("upstream_connect_failed") <= 1, outcomes
+    assert after == [200] * 5, after
+    assert recovered <= KILL_RECOVERY_SECONDS, f"{recovered:.1f}s to recover: {outcomes}"
     restarted = harness.member_pods(stack.kubectl, stack.namespace, "a")
     assert [p.restarts for p in restarted] == [1]  # the same pod, restarted by the node
 
