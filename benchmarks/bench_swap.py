@@ -128,6 +128,45 @@ def phase_means(
     return means
 
 
+def add_phases(
+    totals: Mapping[str, tuple[float, float]],
+    before: Mapping[str, tuple[float, float]],
+    after: Mapping[str, tuple[float, float]],
+) -> dict[str, tuple[float, float]]:
+    """`totals` plus what each phase gained (seconds, count) from `before` to `after`."""
+    result = dict(totals)
+    for phase in PHASES:
+        s1, c1 = after.get(phase, (0.0, 0.0))
+        s0, c0 = before.get(phase, (0.0, 0.0))
+        seconds, count = result.get(phase, (0.0, 0.0))
+        result[phase] = (seconds + s1 - s0, count + c1 - c0)
+    return result
+
+
+def stop_cold_member(kubectl: Kubectl, namespace: str, member: str) -> harness.Pod:
+    """Delete `member`'s pool and wait until its pods are gone and the router, whose
+    config changed, runs again; return the router's (new) pod."""
+    deployment = f"{ROUTER}-router"
+    generation = kubectl.json("get", "deployment", deployment, "-n", namespace)["metadata"][
+        "generation"]
+    kubectl("delete", f"modelpools.{harness.GROUP}", f"cold-{member}", "-n", namespace)
+    harness.eventually(
+        lambda: True if not harness.member_pods(kubectl, namespace, member) else None,
+        f"{member}'s pods gone", 60.0)
+
+    def rolled() -> bool | None:
+        obj = kubectl.json("get", "deployment", deployment, "-n", namespace)
+        meta, status = obj["metadata"], obj.get("status") or {}
+        return True if (meta["generation"] > generation
+                        and status.get("observedGeneration") == meta["generation"]) else None
+
+    # The reconciler renders the router's new config into its pod template (a config hash),
+    # so the router rolls to a new pod.
+    harness.eventually(rolled, "the router's new config rolled out", 60.0)
+    (router,) = harness.wait_router_ready(kubectl, namespace, ROUTER, within=60.0)
+    return router
+
+
 async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> float:
     """Seconds from sending a streamed request to its first body byte; reads it to the end."""
     body = {"model": model, "messages": [{"role": "user", "content": "bench"}],
@@ -168,7 +207,12 @@ def setup(kubectl: Kubectl, namespace: str, options: Options) -> tuple[harness.P
     reconciler = harness.wait_reconciler_ready(kubectl, installation)
     warm = ["w0", "w1"]
     cold = [f"c{i:02d}" for i in range(options.cold)]
-    objects = [fake_member(m, options) for m in warm + cold]
+    objects = [fake_member(m, options) for m in warm]
+    for m in cold:
+        member = fake_member(m, options)
+        # Outside its pool (deleted after its sample) a cold member stays stopped.
+        member["spec"]["replicas"] = 0
+        objects.append(member)
     objects.append(harness.pool(WARM_POOL, warm, default=warm[0], swap_budget="120s"))
     objects += [harness.pool(f"cold-{m}", [m], swap_budget="120s") for m in cold]
     objects.append(harness.router(ROUTER, warm + cold))
@@ -204,14 +248,26 @@ async def measure(
         after = phase_totals(await metrics_text(session, reconciler_metrics), namespace)
         phases["warm"] = phase_means(before, after)
         before = after
+        cold_phases: dict[str, tuple[float, float]] = {}
         for i in range(options.cold):
             target = f"c{i:02d}"
             seconds = await first_byte(session, url, target)
             samples.append(Sample("cold", target, seconds, options.load_time))
             print(f"cold {i + 1:>2}/{options.cold} -> {target}: first byte {seconds:.3f}s, "
                   f"overhead {samples[-1].overhead:.3f}s", flush=True)
+            if i == options.cold - 1:
+                break
+            after = phase_totals(await metrics_text(session, reconciler_metrics), namespace)
+            cold_phases = add_phases(cold_phases, before, after)
+            # Its pool goes, so the member stops (replicas 0): the next sample meets a node
+            # as quiet as this one did, not one more resident process each time.
+            router = await asyncio.to_thread(stop_cold_member, kubectl, namespace, target)
+            url = f"{harness.base_url(router)}/chat/completions"
+            await first_byte(session, url, "w0")  # the new router's connections open
+            before = phase_totals(await metrics_text(session, reconciler_metrics), namespace)
         after = phase_totals(await metrics_text(session, reconciler_metrics), namespace)
-        phases["cold"] = phase_means(before, after)
+        cold_phases = add_phases(cold_phases, before, after)
+        phases["cold"] = {p: s / c for p, (s, c) in cold_phases.items() if c}
     return samples, phases
 
 
