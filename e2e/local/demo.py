@@ -2,10 +2,13 @@
 
 What a newcomer runs first. It brings the local cluster up (as `modelpool-local up`
 does), installs modelpool from `overlays/local` and the pool of `examples/` exactly as a
-user would (`kubectl apply --server-side -k`), waits until everything is Ready, then sends
-a short script of requests through the router with the `openai` SDK:
+user would (`kubectl apply --server-side -k`), and narrates:
 
-1. a request for the resident model (the default member, cold-loaded at install);
+0. the example pool cold-loading its default member while everything becomes Ready;
+
+then sends a short script of requests through the router with the `openai` SDK:
+
+1. a request for the resident model: served at once;
 2. a request for the other member: held by the router while the pool swaps;
 3. several concurrent requests for the first member again: all held, one swap, one load.
 
@@ -14,6 +17,9 @@ watch on the ModelPool), the member pods (a watch), the requests the router hold
 `/metrics`), and after each swap its phases' durations (the reconciler's `/metrics`) and
 `status.lastSwap`. The system keeps running afterwards; the router's address and a `curl`
 line are printed last, and `modelpool-local down` stops it all.
+
+The reconciler it installs watches every namespace: run the demo on a cluster of its own
+(`--state-dir`), not on one that tests with their own reconcilers share.
 """
 
 from __future__ import annotations
