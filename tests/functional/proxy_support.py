@@ -34,10 +34,12 @@ UPSTREAM_HOP_HEADERS = {
 @dataclass
 class FakeUpstream:
     """Answers from instructions in the request body: `x_sleep` before the headers,
-    `x_status`, `x_chunks` streamed `x_interval` seconds apart, `x_break` to cut the
-    connection mid-stream. Every answer echoes the headers and body it received."""
+    `x_status`, `x_chunks` streamed `x_interval` seconds apart (or, with
+    `x_until_released`, until the test sets `release`), `x_break` to cut the connection
+    mid-stream. Every answer echoes the headers and body it received."""
 
     received: list[dict[str, Any]] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -56,13 +58,16 @@ class FakeUpstream:
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "body": raw.decode(),
         }
-        chunks = int(body.get("x_chunks", 0))
+        until_released = bool(body.get("x_until_released"))
+        chunks = 1_000_000 if until_released else int(body.get("x_chunks", 0))
         if not chunks:
             return web.json_response(echo, status=int(body.get("x_status", 200)), headers=headers)
         response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream"})
         await response.prepare(request)
         interval = float(body.get("x_interval", 0.1))
         for i in range(chunks):
+            if until_released and self.release.is_set():
+                break
             if i:
                 await asyncio.sleep(interval)
             if body.get("x_break") == i and request.transport is not None:

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 import socket
+import statistics
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -129,7 +130,10 @@ async def test_stream_chunk_timing_is_preserved(router: Router) -> None:
     # 6 events 100 ms apart, then [DONE] right after the last one.
     assert len(arrivals) >= 6
     event_gaps = gaps[:5]
-    assert all(0.06 <= g <= 0.2 for g in event_gaps), gaps
+    # Never bunched (a buffering proxy gives gaps near 0), each near the upstream's 100 ms
+    # (a loaded machine may delay one wake-up, hence the slack above).
+    assert all(0.05 <= g <= 0.3 for g in event_gaps), gaps
+    assert 0.08 <= statistics.median(event_gaps) <= 0.15, gaps
     assert arrivals[5] - arrivals[0] >= 0.45
     assert router.sample("modelpool_time_to_first_byte_seconds_count", model="alpha") == 1
 
