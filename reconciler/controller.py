@@ -515,6 +515,7 @@ class Controller:
                 min_residency=spec.min_residency_seconds,
                 probe_interval=self.settings.swap.probe_interval_seconds,
                 reclaim_after=spec.reclaim_after_seconds,
+                priorities={m.name: m.priority for m in spec.members},
             )
             problem = self._pool_problem(spec)
         now = self.clock()

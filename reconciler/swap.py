@@ -12,10 +12,13 @@ The rules (DESIGN.md "The swap", docs/contracts.md section 2):
 - A request whose member differs from the resident starts a swap; a cold pool with a
   `default` loads it. A request already answered (its generation was abandoned, failed or
   withdrawn) is never acted on twice.
-- Draining: `minResidency` must have been served and the incumbent's idle probe must say
-  idle. Busy or unreachable defers (`PodsBusy`, `IdleCheckFailed`, fail closed); a member
-  that can never be probed fails the swap at once (`IdleProbeUnsupported`). A newer
-  request retargets the swap, or withdraws it when it names the incumbent or nobody.
+- Draining: `minResidency` must have been served (unless the target has a higher
+  `priority` than the incumbent) and the incumbent's idle probe must say idle. Busy or
+  unreachable defers (`PodsBusy`, `IdleCheckFailed`, fail closed); a member that can
+  never be probed fails the swap at once (`IdleProbeUnsupported`). A newer request
+  retargets the swap, or withdraws it when it names the incumbent or nobody.
+- swapPolicy reclaim: an idle member other than the default, resident for
+  `reclaimAfter`, hands the slot back to the default; a busy one is left alone.
 - Unloading: every other member is scaled to 0 and the swap waits until their pods are
   gone (terminating pods still hold the GPU). A withdrawal is no longer honoured.
 - Loading: the target is scaled to 1 only then, and the swap waits for it to be Ready.
@@ -81,6 +84,14 @@ class PoolConfig:
     # swapPolicy reclaim: after this long resident, an idle non-default member hands the
     # slot back to the default.
     reclaim_after: float | None = None
+    # spec.members[].priority: a higher member preempts a lower one as soon as its
+    # in-flight requests finish, without waiting out minResidency.
+    priorities: Mapping[str, int] = field(default_factory=dict)
+
+    def outranks(self, member: str, other: str | None) -> bool:
+        if other is None:
+            return True
+        return self.priorities.get(member, 0) > self.priorities.get(other, 0)
 
 
 @dataclass(frozen=True)
@@ -525,14 +536,20 @@ def _drain(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Ac
     if state.observed is None or state.observed.count(swap.from_) == 0:
         return _begin_unloading(state, now)  # nothing runs that could be busy
     residency_end = _residency_end(state)
-    if residency_end is not None and now < residency_end:
+    preempts = state.config.outranks(swap.to, swap.from_)
+    if residency_end is not None and now < residency_end and not preempts:
         served = f"{state.config.min_residency:g}s"
         return _defer(
             state, Deferral(MIN_RESIDENCY, f"{swap.from_} has not been resident {served} yet")
         )
+    if swap.deferral is not None and swap.deferral.reason == MIN_RESIDENCY:
+        swap = replace(swap, deferral=None)  # served, or preempted by a higher member
+        state = replace(state, swap=swap)
     if swap.probe_in_flight or now < swap.next_probe:
         return state, []
-    return replace(state, swap=replace(swap, probe_in_flight=True)), [ProbeIdle(swap.from_)]
+    incumbent = swap.from_
+    assert incumbent is not None  # Draining always has an incumbent
+    return replace(state, swap=replace(swap, probe_in_flight=True)), [ProbeIdle(incumbent)]
 
 
 def _residency_end(state: PoolState) -> float | None:

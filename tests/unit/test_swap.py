@@ -385,3 +385,18 @@ def test_a_request_calls_a_reclaim_off() -> None:
 def test_sticky_never_reclaims() -> None:
     state, actions = s.step(resident("b", since=0.0), Tick(), 1000.0)
     assert actions == [] and s.next_wakeup(state) is None
+
+
+def test_a_higher_priority_member_does_not_wait_out_min_residency() -> None:
+    config = replace(CONFIG, min_residency=30.0, priorities={"a": 0, "b": 5, "c": 0})
+    state, actions = s.step(resident("a", since=0.0, config=config),
+                            RequestObserved(Request("b", 1)), 10.0)
+    assert actions[-1] == ProbeIdle("a")  # straight to draining: b outranks a
+    assert kinds(actions, RecordDeferral) == []
+    # an equal one waits, and once retargeted to a higher one stops waiting
+    state, actions = s.step(resident("a", since=0.0, config=config),
+                            RequestObserved(Request("c", 1)), 10.0)
+    assert kinds(actions, RecordDeferral) == [RecordDeferral(s.MIN_RESIDENCY)]
+    state, actions = s.step(state, RequestObserved(Request("b", 2)), 11.0)
+    assert actions == [ProbeIdle("a")]
+    assert state.swap is not None and state.swap.deferral is None
