@@ -136,10 +136,8 @@ class Kube:
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
-        api = await kr8s.asyncio.api(kubeconfig=kubeconfig) if kubeconfig else (
-            await kr8s.asyncio.api()
-        )
-        return cls(api)
+        """A client from `kubeconfig`, else the pod's service account (kr8s's defaults)."""
+        return cls(await kr8s.asyncio.api(kubeconfig=kubeconfig))
 
     async def request(
         self,
