@@ -150,7 +150,7 @@ def rendered_install(kubectl: KubectlLike, overlay: Path = LOCAL_OVERLAY) -> lis
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def _scoped_deployment(deployment: Json, scope: str) -> Json:
+def scoped_deployment(deployment: Json, scope: str) -> Json:
     """The reconciler Deployment, renamed, selecting its own pods, watching one namespace.
 
     No leader election: two scopes would contend for the one Lease the base names, and a
@@ -179,7 +179,7 @@ def install(
         documents = []
         for doc in rendered_install(kubectl, overlay):
             if doc.get("kind") == "Deployment" and doc["metadata"]["name"] == RECONCILER:
-                doc = _scoped_deployment(doc, scope)
+                doc = scoped_deployment(doc, scope)
             documents.append(doc)
         kubectl(
             "apply", "--server-side", "--force-conflicts", "-f", "-",

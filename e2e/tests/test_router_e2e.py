@@ -449,3 +449,28 @@ def test_the_example_pool_serves_both_models_through_its_router(
     pool = harness.pool_status(kubectl, namespace, "gpu0")
     assert pool["residentMember"] == "qwen"
     assert pool["lastSwap"]["from"] == "gemma" and pool["lastSwap"]["outcome"] == "Succeeded"
+
+
+# --- The install the tests use is the user's ----------------------------------------------
+
+
+def test_the_scoped_install_is_the_users_install_but_for_the_reconcilers_scope(
+    kubectl: Kubectl,
+) -> None:
+    """What `harness.install(scope=NS)` applies: every document of overlays/local as it is,
+    except that the reconciler Deployment watches NS only, under its own name and selector."""
+    user = harness.rendered_install(kubectl)
+    deployments = [d for d in user if d["kind"] == "Deployment"]
+    assert [d["metadata"]["name"] for d in deployments] == [harness.RECONCILER]
+    (deployment,) = deployments
+    scoped = harness.scoped_deployment(deployment, "ns1")
+    assert scoped["metadata"]["name"] == harness.scoped_reconciler_name("ns1")
+    assert scoped["spec"]["selector"]["matchLabels"] == {
+        **deployment["spec"]["selector"]["matchLabels"], harness.LABEL_SCOPE: "ns1"}
+    container = scoped["spec"]["template"]["spec"]["containers"][0]
+    original = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:3] == ["run", "--namespace", "ns1"]
+    assert {k: v for k, v in container.items() if k != "args"} == {
+        k: v for k, v in original.items() if k != "args"}
+    assert scoped["spec"]["template"]["spec"]["serviceAccountName"] == "modelpool-reconciler"
+    assert deployment["metadata"]["name"] == harness.RECONCILER  # the original is untouched
