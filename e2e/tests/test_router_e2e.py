@@ -256,6 +256,12 @@ def test_past_the_hold_budget_503_with_retry_after_and_a_retrying_client_gets_it
         pool = stack.pool()
         assert pool["residentMember"] == "b"
         assert pool["lastSwap"]["outcome"] == "Succeeded"
+    families = stack.router_metrics()
+    refusals = 1 + outcome["retries"]  # the plain client's, and each retried attempt's
+    assert harness.sample_sum(families, "modelpool_requests_total", model="b",
+                              code="503") == refusals
+    assert harness.sample_sum(families, "modelpool_requests_total", model="b",
+                              code="200") == 1
 
 
 # --- A swap longer than responseHeaderTimeout -------------------------------------------
@@ -378,6 +384,15 @@ def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering
     assert recovered <= KILL_RECOVERY_SECONDS, f"{recovered:.1f}s to recover: {outcomes}"
     restarted = harness.member_pods(stack.kubectl, stack.namespace, "a")
     assert [p.restarts for p in restarted] == [1]  # the same pod, restarted by the node
+    # The router counted each failure it answered, by kind.
+    families = stack.router_metrics()
+    errors = harness.sample_sum(families, "modelpool_upstream_errors_total", backend="a")
+    assert errors == statuses.count(502), (errors, outcomes)
+    connect_failures = [c for _, c in outcomes].count("upstream_connect_failed")
+    assert harness.sample_sum(families, "modelpool_upstream_errors_total", backend="a",
+                              kind="connect") == connect_failures
+    assert harness.sample_sum(families, "modelpool_requests_total", model="a",
+                              code="502") == statuses.count(502)
 
 
 # --- The router's own token -------------------------------------------------------------
