@@ -34,6 +34,8 @@ UNROUTED = ""
 UNKNOWN_MODEL = "unknown"
 # nginx's convention for a request the client abandoned.
 CLIENT_CLOSED = 499
+_ROUTER_KEY = frozenset({"authorization"})
+_NO_HEADERS: frozenset[str] = frozenset()
 
 
 class Target(Protocol):
@@ -131,7 +133,7 @@ class Proxy:
         headers = upstream.request_headers(
             request.headers,
             # The router's own key is not the upstream's business.
-            drop=frozenset({"authorization"}) if live.keys.enabled else frozenset(),
+            drop=_ROUTER_KEY if live.keys.enabled else _NO_HEADERS,
         )
 
         def first_chunk() -> None:
