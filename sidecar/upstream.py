@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
@@ -35,22 +34,45 @@ class EndpointSlots:
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._slots: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
+        self._slots: dict[str, _Slot] = {}
 
-    @asynccontextmanager
-    async def slot(self, endpoint: str) -> AsyncIterator[None]:
+    def slot(self, endpoint: str) -> _Slot:
+        """`async with slots.slot(endpoint):` around one upstream call."""
         entry = self._slots.get(endpoint)
         if entry is None:
-            entry = self._slots[endpoint] = (asyncio.Semaphore(self._limit), [0])
-        semaphore, users = entry
-        users[0] += 1
+            entry = self._slots[endpoint] = _Slot(self, endpoint, asyncio.Semaphore(self._limit))
+        return entry
+
+    def _forget(self, endpoint: str) -> None:
+        del self._slots[endpoint]
+
+
+class _Slot:
+    """One endpoint's semaphore and how many requests use or await it; forgotten once
+    unused, as pod addresses come and go."""
+
+    def __init__(self, owner: EndpointSlots, endpoint: str, semaphore: asyncio.Semaphore):
+        self._owner = owner
+        self._endpoint = endpoint
+        self._semaphore = semaphore
+        self._users = 0
+
+    async def __aenter__(self) -> None:
+        self._users += 1
         try:
-            async with semaphore:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:  # pod addresses come and go: forget idle ones
-                del self._slots[endpoint]
+            await self._semaphore.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._semaphore.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self._owner._forget(self._endpoint)
 
 
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
