@@ -15,6 +15,10 @@ Install
     namespaces) then never see two actors on one pool. Both wait until the CRDs are
     Established and the reconciler pod is Ready; both return an `Installation`.
     `uninstall_scope(kubectl, NS)` deletes that scoped Deployment.
+    `rendered_install(kubectl)` is what `kubectl kustomize overlays/local` prints, parsed;
+    `scoped_deployment(deployment, NS)` the scoped copy of the reconciler Deployment.
+    A cluster-wide reconciler (`install(kubectl)`) and a scoped one on the same namespace
+    would both act on its pools: use one or the other on a shared cluster.
     `install_examples(kubectl)` applies `examples/` (`kubectl apply -k examples`, namespace
     modelpool-demo); `apply_examples(kubectl, NS)` puts the example pool, servers and
     router into NS instead (`kubectl apply -n NS -f ...`, as examples/kustomization.yaml
@@ -51,8 +55,9 @@ Metrics
 Sampling
     `MemberWatch(kubectl, namespace)` (a context manager) follows member pods with a
     `kubectl get pods --watch`, so no change is missed between samples; `.max_running`
-    is the largest number of distinct members whose pods were Running at one moment
-    and `.moments` the sets of members seen running after each change.
+    is the largest number of distinct members whose pods were Running at one moment,
+    `.moments` the sets of members seen running after each change, `.overlaps()` those
+    with more than one, `.running` the set now and `.events` how many changes it saw.
 """
 
 from __future__ import annotations
