@@ -307,6 +307,16 @@ def report(samples: Sequence[Sample], phases: Mapping[str, Mapping[str, float]],
     for kind, means in phases.items():
         lines.append(f"| {kind} | " + " | ".join(
             f"{means[p]:.2f}s" if p in means else "-" for p in PHASES) + " |")
+    warm = phases.get("warm") or {}
+    if warm:
+        lines += ["", "Where a warm swap's overhead goes (phase means beyond the server's own "
+                  f"time): drain {warm.get('drain', 0.0):.2f}s (idle probes of the incumbent), "
+                  f"unload {warm.get('unload', 0.0) - options.unload_time:+.2f}s (SIGTERM to "
+                  "the pod object gone), schedule "
+                  f"{warm.get('schedule', 0.0):.2f}s (scale-up to a pod bound to the node), "
+                  f"load {warm.get('load', 0.0) - options.load_time:+.2f}s (process start to "
+                  "Ready as the reconciler sees it); then the router dispatches once the "
+                  "member's EndpointSlice is ready."]
     lines += ["", "Goal: at most 0.5 s of overhead (the seeds' system shows about 3 s).", ""]
     return "\n".join(lines)
 
@@ -346,7 +356,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     options = parse(args, os.environ)
-    command = " ".join(["python", "benchmarks/bench_swap.py", *args])
+    command = " ".join([".venv/bin/python", "benchmarks/bench_swap.py", *args])
     cluster = controlplane.up(controlplane.UpOptions(
         state_dir=options.state_dir, python=sys.executable, gpus=options.cold + 2))
     kubectl = Kubectl(cluster.kubeconfig,
