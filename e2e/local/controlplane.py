@@ -278,7 +278,9 @@ def down(state_dir: Path) -> bool:
     Returns False (and removes nothing) when `state_dir` holds no cluster.
     """
     layout = StateLayout(state_dir.resolve())
-    if not (layout.config.exists() or layout.run.exists()):
+    # cluster.json is written before any process starts: without it nothing here is ours
+    # (and `--state-dir` may name a directory that must not be swept or removed).
+    if not layout.config.is_file():
         return False
     processes.stop(layout.pid(NODE_AGENT), NODE_AGENT_GRACE)
     for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.local import processes
+from e2e.local import controlplane, processes
 
 pytestmark = pytest.mark.functional
 
@@ -66,3 +66,15 @@ def test_kill_under_ends_processes_working_in_the_directory(tmp_path: Path) -> N
     assert pid in processes.kill_under(tmp_path)
     processes.stop(pid_file, grace=5.0)
     assert processes.running(pid_file) is None
+
+
+def test_down_leaves_a_directory_without_a_cluster_alone(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    pid_file = tmp_path / "bystander.pid"
+    pid = processes.start([SLEEP, "60"], pid_file, tmp_path / "bystander.log", cwd=tmp_path)
+    try:
+        assert controlplane.down(tmp_path) is False
+        assert processes.running(pid_file) == pid
+        assert (tmp_path / "run").is_dir()
+    finally:
+        processes.stop(pid_file, grace=5.0)
