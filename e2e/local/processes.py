@@ -179,6 +179,8 @@ def kill_under(directory: Path) -> list[int]:
     the state directory, and nothing else of ours does.
     """
     root = str(directory.resolve())
+    if root == "/":
+        raise ValueError("refusing to sweep processes under /")
     spare = _ancestors()
     killed: list[int] = []
     for proc in Path("/proc").iterdir():
