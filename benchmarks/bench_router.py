@@ -630,7 +630,7 @@ async def bench(args: argparse.Namespace) -> Results:
                 procs.append(router)
                 print("proxy overhead (direct and router batches alternate)", flush=True)
                 await proxy_overhead(
-                    upstream, router, counts, rounds=2, ttfb_count=int(400 * scale), out=out
+                    upstream, router, counts, rounds=4, ttfb_count=int(400 * scale), out=out
                 )
                 await router.stop()
 
