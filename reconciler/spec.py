@@ -141,6 +141,12 @@ def _str_list(body: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     return tuple(_typed(v, str, f"{where}.{key}[{i}]", "a string") for i, v in enumerate(items))
 
 
+def _require_unique(names: Sequence[str], where: str) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SpecError(f"{where} names must be unique: {', '.join(duplicates)}")
+
+
 def _obj_list(body: Mapping[str, Any], key: str, where: str) -> tuple[dict[str, Any], ...]:
     items = _list(body, key, where)
     return tuple(dict(_typed(v, dict, f"{where}.{key}[{i}]", "an object"))
@@ -355,9 +361,7 @@ class ModelPoolSpec:
         if not members:
             raise SpecError("spec.members must list at least one member")
         names = [m.name for m in members]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise SpecError(f"spec.members names must be unique: {', '.join(duplicates)}")
+        _require_unique(names, "spec.members")
         default = _str(spec, "default", where)
         if default is not None and default not in names:
             raise SpecError(f"spec.default {default!r} must be one of spec.members")
@@ -444,9 +448,7 @@ class ModelRouterSpec:
         if not backends:
             raise SpecError("spec.backends must list at least one backend")
         names = [b.name for b in backends]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise SpecError(f"spec.backends names must be unique: {', '.join(duplicates)}")
+        _require_unique(names, "spec.backends")
         default_route = _str(spec, "defaultRoute", where)
         if default_route is not None and default_route not in names:
             raise SpecError(f"spec.defaultRoute {default_route!r} must name a backend")
