@@ -259,21 +259,21 @@ class Kube:
     async def merge_patch_status(
         self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:
-        return await self.request(
-            "PATCH",
-            resource,
-            namespace,
-            name,
-            sub="status",
-            params={"fieldManager": FIELD_MANAGER},
-            body={"status": dict(status)},
-            content_type="application/merge-patch+json",
+        return await self._patch_status(
+            resource, namespace, name, {"status": dict(status)}, "application/merge-patch+json"
         )
 
     async def json_patch_status(
         self, resource: Resource, namespace: str, name: str, ops: list[dict[str, Any]]
     ) -> dict[str, Any]:
         """A JSON Patch on the status subresource; a failed `test` raises Conflict."""
+        return await self._patch_status(
+            resource, namespace, name, ops, "application/json-patch+json"
+        )
+
+    async def _patch_status(
+        self, resource: Resource, namespace: str, name: str, body: Any, content_type: str
+    ) -> dict[str, Any]:
         return await self.request(
             "PATCH",
             resource,
@@ -281,8 +281,8 @@ class Kube:
             name,
             sub="status",
             params={"fieldManager": FIELD_MANAGER},
-            body=ops,
-            content_type="application/json-patch+json",
+            body=body,
+            content_type=content_type,
         )
 
     async def delete(
