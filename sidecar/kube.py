@@ -205,6 +205,7 @@ class KubeClient:
             except Exception as e:
                 error = _translate(e, f"watch {plural}")
                 if isinstance(error, _Gone):
+                    logger.info("watch of %s expired (410 Gone): listing again", plural)
                     resource_version = None
                     continue
                 delay = _BACKOFF[min(failures, len(_BACKOFF) - 1)]
