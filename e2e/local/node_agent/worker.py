@@ -75,6 +75,13 @@ def pod_dir_name(pod: Json) -> str:
     return f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
 
 
+def _first_leaf(error: BaseException) -> BaseException:
+    """The first error inside (nested) TaskGroup exception groups: what a person reads."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
 class PodWorker:
     def __init__(self, context: WorkerContext, pod: Json) -> None:
         meta = pod["metadata"]
@@ -146,7 +153,8 @@ class PodWorker:
             except Exception as error:
                 # A fault of the agent itself: fail the pod loudly, keep it until deleted.
                 self.log.exception("pod worker failed")
-                await self._fail(f"node agent error: {type(error).__name__}: {error}")
+                cause = _first_leaf(error)
+                await self._fail(f"node agent error: {type(cause).__name__}: {cause}")
         finally:
             # Only once every process has exited does the pod give up its GPUs.
             for process in list(self.live):
@@ -164,7 +172,6 @@ class PodWorker:
                 self.log.error("could not delete the pod: %s", error)
 
     async def _run(self) -> None:
-        settings = self.context.settings
         node = self.context.node
         previous_ip = (self.pod.get("status") or {}).get("podIP", "")
         node.addresses, self.pod_ip = node.addresses.allocate(self.uid, previous_ip)
@@ -186,37 +193,43 @@ class PodWorker:
             )
         if self.terminate.is_set():
             return
-        # Every status write goes through this one task, which retries failed writes.
-        writer = asyncio.create_task(self._status_writer())
-        self.changed.set()
-        syncer: asyncio.Task[None] | None = None
-        try:
-            unknown = [c for c in self.all_containers() if program_for(c["image"]) is None]
-            if unknown:
-                self._fail_unknown_images(unknown)
-                await self.terminate.wait()
-                return
-            files.ensure_dir(self.directory)
-            files.ensure_dir(settings.gpu_lock_dir)
-            if not await self._allocate_gpus():
-                return
-            if not await self._prepare_volumes():
-                return
-            syncer = asyncio.create_task(self._keep_volumes_current())
-            if await self._run_init_containers():
-                async with asyncio.TaskGroup() as group:
-                    for container in self.spec["containers"]:
-                        group.create_task(self._supervise(container))
-            # Every container has ended for good (restartPolicy Never/OnFailure, or a
-            # failed init container): the final phase is reported, the pod kept until
-            # it is deleted.
-            await self.terminate.wait()
-        finally:
-            for task in (writer, syncer):
-                if task is not None:
+        # The status writer and the volume syncer run beside the pod's lifecycle in one
+        # TaskGroup: if either fails, the lifecycle is cancelled and `run` fails the pod
+        # at once, rather than the pod silently losing its status or its files.
+        async with asyncio.TaskGroup() as side:
+            # Every status write goes through this one task, which retries failed writes.
+            side_tasks = [side.create_task(self._status_writer(), name="status-writer")]
+            self.changed.set()
+            try:
+                await self._lifecycle(side, side_tasks)
+            finally:
+                for task in side_tasks:
                     task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+
+    async def _lifecycle(
+        self, side: asyncio.TaskGroup, side_tasks: list[asyncio.Task[None]]
+    ) -> None:
+        settings = self.context.settings
+        unknown = [c for c in self.all_containers() if program_for(c["image"]) is None]
+        if unknown:
+            self._fail_unknown_images(unknown)
+            await self.terminate.wait()
+            return
+        files.ensure_dir(self.directory)
+        files.ensure_dir(settings.gpu_lock_dir)
+        if not await self._allocate_gpus():
+            return
+        if not await self._prepare_volumes():
+            return
+        side_tasks.append(side.create_task(self._keep_volumes_current(), name="volume-syncer"))
+        if await self._run_init_containers():
+            async with asyncio.TaskGroup() as group:
+                for container in self.spec["containers"]:
+                    group.create_task(self._supervise(container))
+        # Every container has ended for good (restartPolicy Never/OnFailure, or a
+        # failed init container): the final phase is reported, the pod kept until
+        # it is deleted.
+        await self.terminate.wait()
 
     async def _fail(self, message: str) -> None:
         for process in list(self.live):
