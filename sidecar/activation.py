@@ -316,7 +316,10 @@ class Activation:
             case Fail() as fail:
                 if fail.held_for is not None:
                     self._metrics.observe_hold(pool, fail.member, fail.held_for)
-                logger.info("request for %s/%s refused: %s", pool, fail.member, fail.message)
+                logger.info(
+                    "pool %s: request for %s refused: %s",
+                    self._ref(pool), fail.member, fail.message,
+                )
                 self._resolve(
                     fail.waiter,
                     ActivationError(fail.message, code=fail.code, retry_after=fail.retry_after),
@@ -364,26 +367,34 @@ class Activation:
 
     # --- API server work ---
 
+    def _ref(self, pool: str) -> str:
+        """`namespace/name` of a pool, as every log line names it."""
+        return f"{self._config.namespace}/{pool}"
+
     async def _write(self, kube: KubePort, pool: str, write: WriteRequest) -> None:
         namespace = self._config.namespace
         try:
             status = await kube.write_request(namespace, pool, write)
         except Conflict:
-            logger.info("pool %s: request %s lost its race; re-reading", pool, write.request)
+            logger.info(
+                "pool %s: request %s lost its race; re-reading", self._ref(pool), write.request
+            )
             self._feed(pool, WriteConflicted())
             return
         except KubeError as e:
-            logger.warning("pool %s: writing request %s failed: %s", pool, write.request, e)
+            logger.warning(
+                "pool %s: writing request %s failed: %s", self._ref(pool), write.request, e
+            )
             self._feed(pool, WriteFailed())
             return
         except Exception:
             # The machine must hear back about every write, or it never writes again.
-            logger.exception("pool %s: writing request %s failed", pool, write.request)
+            logger.exception("pool %s: writing request %s failed", self._ref(pool), write.request)
             self._feed(pool, WriteFailed())
             return
         logger.info(
             "pool %s: requested %s (generation %s)",
-            pool,
+            self._ref(pool),
             write.request.member or "nothing (withdrawn)",
             write.request.generation,
         )
@@ -397,7 +408,9 @@ class Activation:
                 status = await kube.get_pool(self._config.namespace, pool)
             except KubeError as e:
                 delay = _REREAD_BACKOFF[min(attempt, len(_REREAD_BACKOFF) - 1)]
-                logger.warning("pool %s: re-read failed (%s); again in %ss", pool, e, delay)
+                logger.warning(
+                    "pool %s: re-read failed (%s); again in %ss", self._ref(pool), e, delay
+                )
                 await asyncio.sleep(delay)
                 continue
             if status is not None:
