@@ -282,8 +282,9 @@ class Narrator:
     def on_pool(self, event: Json) -> None:
         new = pool_view(event["object"])
         if self.pool.phase == "-":
-            # The first event is the state so far: no request or swap is news yet.
-            self.pool = PoolView(request=new.request, swap=new.swap, last_swap=new.last_swap)
+            # The first event is the state so far: an old request or last swap is no news
+            # (a swap in progress is).
+            self.pool = PoolView(request=new.request, last_swap=new.last_swap)
         now = self.timeline.clock()
         lasted = now - self.swap_phase_since if self.pool.swap else None
         if new.swap != self.pool.swap:
