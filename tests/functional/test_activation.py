@@ -81,6 +81,13 @@ class FakeCluster:
         for q in self._slice_watchers:
             q.put_nowait(Deleted(f"{service}-abc"))
 
+    def delivered(self) -> bool:
+        """Every watch event sent so far has been taken, and so handled, by its router
+        (a router handles a watch event in the step that takes it off the queue)."""
+        pools = all(q.empty() for q in self._pool_watchers)
+        slices = all(q.empty() for q in self._slice_watchers)
+        return bool(self._pool_watchers) and pools and slices
+
     def requests_for(self, member: str | None) -> list[WriteRequest]:
         return [w for w in self.writes if w.request.member == member]
 
@@ -205,6 +212,16 @@ async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
+async def stays(check: Callable[[], bool], window: float = 0.05) -> None:
+    """`check` holds throughout `window` seconds: for what must not happen, once the
+    events it would follow have been handled (there is no later event to wait for)."""
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline:
+        assert check(), "condition stopped holding"
+        await asyncio.sleep(0.005)
+    assert check(), "condition stopped holding"
+
+
 @pytest.fixture
 def pools() -> FakeCluster:
     c = FakeCluster()
@@ -270,8 +287,9 @@ async def test_cross_model_requests_are_held_and_the_swap_requested_once(
         # The reconciler swaps: resident changes, then the endpoint turns ready.
         pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Loading"))
         pools.set_pool("heavy", resident_member="gemma", swap=None)
-        await asyncio.sleep(0.05)
-        assert not any(t.done() for t in held)  # resident without a ready endpoint: held
+        await eventually(pools.delivered)
+        # Resident without a ready endpoint: still held.
+        await stays(lambda: not any(t.done() for t in held))
         pools.set_endpoints("gemma", "127.0.1.4")
         targets = await asyncio.gather(*held)
         assert {t.base_url for t in targets} == {"http://127.0.1.4:8080"}
@@ -332,12 +350,14 @@ async def test_a_client_leaving_mid_load_does_not_abort_it(pools: FakeCluster) -
         waiter = asyncio.create_task(router.call("gemma"))
         await eventually(lambda: len(pools.writes) == 1)
         pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Unloading"))
-        await asyncio.sleep(0.02)
+        await eventually(pools.delivered)  # the router has seen the unload begin
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        await asyncio.sleep(0.05)
-        assert pools.requests_for(None) == []  # no withdrawal once unloading began
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 0
+        )
+        await stays(lambda: pools.requests_for(None) == [])  # no withdrawal once unloading
         assert pools.pools["heavy"].request is not None
         assert pools.pools["heavy"].request.member == "gemma"
 
@@ -351,10 +371,13 @@ async def test_all_waiters_leaving_before_the_unload_withdraws(pools: FakeCluste
         waiters = [asyncio.create_task(router.call("gemma")) for _ in range(3)]
         await eventually(lambda: len(pools.writes) == 1)
         pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Draining"))
+        await eventually(pools.delivered)
         for w in waiters[:2]:
             w.cancel()
-        await asyncio.sleep(0.05)
-        assert pools.requests_for(None) == []  # one waiter is still there
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 1
+        )
+        await stays(lambda: pools.requests_for(None) == [])  # one waiter is still there
         waiters[2].cancel()
         await eventually(lambda: len(pools.requests_for(None)) == 1)
         await asyncio.gather(*waiters, return_exceptions=True)
@@ -425,8 +448,10 @@ async def test_a_connection_failure_re_verifies_residency_at_once(pools: FakeClu
         router.activation.report_connect_failure(target)
         await eventually(lambda: pools.reads > reads and pools.slice_lists > lists)
         waiter = asyncio.create_task(router.call("coder"))
-        await asyncio.sleep(0.05)
-        assert not waiter.done()  # no dispatch to the address that just failed
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="coder") == 1
+        )
+        await stays(lambda: not waiter.done())  # no dispatch to the address that just failed
         assert router.activation.model_states()["coder"] == "loading"
         pools.set_endpoints("coder", "127.0.1.3", ready=False)
         pools.set_endpoints("coder", "127.0.1.8")  # the replacement pod is ready
@@ -440,9 +465,13 @@ async def test_three_routers_write_one_request_per_wanted_member(pools: FakeClus
 
     async def body() -> None:
         held = [asyncio.create_task(r.call("gemma")) for r in routers for _ in range(4)]
-        await eventually(lambda: len(pools.writes) >= 1)
-        await asyncio.sleep(0.1)
-        assert len(pools.requests_for("gemma")) == 1
+        await eventually(
+            lambda: all(
+                r.sample("modelpool_held_requests", pool="heavy", member="gemma") == 4
+                for r in routers
+            )
+        )
+        await stays(lambda: len(pools.requests_for("gemma")) == 1, window=0.1)
         assert pools.conflicts >= 1 or len(pools.writes) == 1
         pools.set_endpoints("gemma", "127.0.1.4")
         pools.set_pool("heavy", resident_member="gemma")
@@ -458,12 +487,16 @@ async def test_fair_policy_holds_new_requests_for_the_incumbent(pools: FakeClust
 
     async def body() -> None:
         waiter = asyncio.create_task(router.call("gemma"))
-        await asyncio.sleep(0.01)
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 1
+        )
         assert (await router.call("coder")).backend == "coder"  # before maxWait: admitted
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.25)  # the oldest waiter waits past maxWait (0.2 s)
         late = asyncio.create_task(router.call("coder"))
-        await asyncio.sleep(0.05)
-        assert not late.done()  # the incumbent drains
+        await eventually(
+            lambda: router.sample("modelpool_held_requests", pool="heavy", member="coder") == 1
+        )
+        await stays(lambda: not late.done())  # the incumbent drains
         pools.set_endpoints("gemma", "127.0.1.4")
         pools.set_pool("heavy", resident_member="gemma")
         await waiter
@@ -481,8 +514,7 @@ async def test_a_config_reload_keeps_held_requests(pools: FakeCluster) -> None:
         waiter = asyncio.create_task(router.call("gemma"))
         await eventually(lambda: len(pools.writes) == 1)
         router.activation.update_config(router_config(budget=20))
-        await asyncio.sleep(0.02)
-        assert not waiter.done()
+        await stays(lambda: not waiter.done())
         pools.set_endpoints("gemma", "127.0.1.4")
         pools.set_pool("heavy", resident_member="gemma")
         assert (await waiter).backend == "gemma"

@@ -25,7 +25,7 @@ from sidecar.app import Live, make_app
 from sidecar.config import RouterConfig
 from sidecar.metrics import RouterMetrics
 from tests.functional.proxy_support import FakeUpstream, serve_app
-from tests.functional.test_activation import FakeCluster, eventually, router_config
+from tests.functional.test_activation import FakeCluster, eventually, router_config, stays
 
 pytestmark = pytest.mark.functional
 
@@ -44,8 +44,9 @@ def closed_port() -> int:
 class Stack:
     def __init__(self, pools: FakeCluster, config: RouterConfig) -> None:
         self.pools = pools
+        self.registry = CollectorRegistry()
         self.activation = Activation(
-            config, pools, RouterMetrics(CollectorRegistry(), "chat"), identity="demo/chat/a"
+            config, pools, RouterMetrics(self.registry, "chat"), identity="demo/chat/a"
         )
         self.app = make_app(
             Live(config), self.activation, RouterMetrics(CollectorRegistry(), "chat")
@@ -127,8 +128,12 @@ async def test_no_run_of_stale_502s_after_the_resident_dies(
         assert status == 502  # the one request that finds out
         # Every later request is held, not sent to the dead address, until a pod is ready.
         later = [asyncio.create_task(stack.post("coder")) for _ in range(5)]
-        await asyncio.sleep(0.2)
-        assert not any(t.done() for t in later)
+        await eventually(
+            lambda: stack.registry.get_sample_value(
+                "modelpool_held_requests", {"router": "chat", "pool": "heavy", "member": "coder"}
+            ) == 5
+        )
+        await stays(lambda: not any(t.done() for t in later), window=0.2)
         started = time.monotonic()
         pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
         results = await asyncio.gather(*later)
