@@ -7,7 +7,8 @@ no conflict, and that every object reports kstatus readiness the way both tools 
 
 The test installs the base with the local overlay and `examples/` (retargeted to a fresh
 namespace, as Flux's `targetNamespace` or an Argo CD destination would) with the field
-manager `argocd-controller`, swaps the pool back and forth through the router, then:
+manager `argocd-controller` (and again as Flux, `kustomize-controller`), swaps the pool
+back and forth through the router, then:
 
 - re-applies the same documents with `--dry-run=server`: no conflict, and every object the
   server would store equals the live one (so a sync would be a no-op);
@@ -41,6 +42,8 @@ from e2e.local import controlplane
 from e2e.local.fixtures import Kubectl
 
 GIT_MANAGER = "argocd-controller"
+# The field managers of Argo CD (ServerSideApply=true) and Flux's kustomize-controller.
+GIT_MANAGERS = (GIT_MANAGER, "kustomize-controller")
 RECONCILER_MANAGER = "modelpool-reconciler"
 OWN_KINDS = ("ModelServer", "ModelPool", "ModelRouter")
 POOL = "gpu0"
@@ -192,9 +195,9 @@ def status_writers(obj: Mapping[str, Any]) -> set[str]:
 # The live test
 
 
-def _apply(kubectl: Kubectl, documents: Sequence[Json], *extra: str) -> str:
+def _apply(kubectl: Kubectl, manager: str, documents: Sequence[Json], *extra: str) -> str:
     result = kubectl(
-        "apply", "--server-side", f"--field-manager={GIT_MANAGER}", *extra, "-f", "-",
+        "apply", "--server-side", f"--field-manager={manager}", *extra, "-f", "-",
         input=yaml.safe_dump_all(list(documents)), check=False, timeout=90.0,
     )
     assert result.returncode == 0, f"apply {' '.join(extra)} failed: {result.stderr.strip()}"
@@ -261,21 +264,22 @@ def gitops_namespace(kubectl: Kubectl) -> Iterator[str]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("manager", GIT_MANAGERS)
 def test_a_sync_after_swaps_changes_nothing_and_everything_is_ready(
-    kubectl: Kubectl, gitops_namespace: str
+    kubectl: Kubectl, gitops_namespace: str, manager: str
 ) -> None:
     base = harness.rendered_install(kubectl)
     examples = retarget(harness.rendered_install(kubectl, harness.EXAMPLES), gitops_namespace)
 
     # Sync as Argo CD does: CRDs and the reconciler first (a sync wave), then the pool.
-    _apply(kubectl, base)
+    _apply(kubectl, manager, base)
     for plural in harness.CRDS:
         kubectl("wait", "--for=condition=Established", f"crd/{plural}.{harness.GROUP}",
                 "--timeout=60s", timeout=65.0)
     harness.wait_reconciler_ready(
         kubectl, harness.Installation(harness.RECONCILER, None), within=90.0
     )
-    _apply(kubectl, examples)
+    _apply(kubectl, manager, examples)
     harness.wait_pool_ready(kubectl, gitops_namespace, POOL, resident="gemma", within=90.0)
 
     _swap_through_router(kubectl, gitops_namespace)
@@ -283,7 +287,7 @@ def test_a_sync_after_swaps_changes_nothing_and_everything_is_ready(
 
     # A second sync, dry-run: no conflict, and nothing it would store differs from live.
     documents = base + examples
-    dry_run = json.loads(_apply(kubectl, documents, "--dry-run=server", "-o", "json"))
+    dry_run = json.loads(_apply(kubectl, manager, documents, "--dry-run=server", "-o", "json"))
     would_store = dry_run["items"] if dry_run.get("kind") == "List" else [dry_run]
     assert len(would_store) == len(documents)
     drift = []
@@ -299,7 +303,7 @@ def test_a_sync_after_swaps_changes_nothing_and_everything_is_ready(
     for doc in own:
         live = _live(kubectl, doc)
         owners = spec_owners(live)
-        assert owners == [f"{GIT_MANAGER} (Apply, main resource)"], (key_of(doc), owners)
+        assert owners == [f"{manager} (Apply, main resource)"], (key_of(doc), owners)
         reconciler_writes = [
             e for e in live["metadata"]["managedFields"] if e["manager"] == RECONCILER_MANAGER
         ]
