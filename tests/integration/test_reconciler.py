@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from reconciler.__main__ import run
-from reconciler.kube import MODEL_POOLS, PODS, Kube, request_cas_ops
+from reconciler.kube import MODEL_POOLS, PODS, Conflict, Kube, request_cas_ops
 from reconciler.settings import Settings, SwapSettings
 
 pytestmark = pytest.mark.integration
@@ -92,7 +92,7 @@ class Running:
             )
             try:
                 result = await self.kube.json_patch_status(MODEL_POOLS, self.namespace, pool, ops)
-            except Exception:
+            except Conflict:  # the reconciler wrote the status meanwhile: read it again
                 await asyncio.sleep(0.1)
                 continue
             return int(result["status"]["request"]["generation"])

@@ -224,14 +224,15 @@ async def test_three_routers_ask_for_a_member_once(
     client: KubeClient, kubectl: Kubectl, namespace: str, pool: str
 ) -> None:
     config = router_config(namespace)
+    registries = [CollectorRegistry() for _ in range(3)]
     routers = [
         Activation(
             config,
             client,
-            RouterMetrics(CollectorRegistry(), "chat"),
+            RouterMetrics(registry, "chat"),
             identity=f"{namespace}/chat/chat-{i}",
         )
-        for i in range(3)
+        for i, registry in enumerate(registries)
     ]
     gemma = config.backend("gemma")
     assert gemma is not None
@@ -251,14 +252,22 @@ async def test_three_routers_ask_for_a_member_once(
     async def asked_once() -> bool:
         return await generation() == 1
 
+    async def all_held() -> bool:
+        labels = {"router": "chat", "pool": "heavy", "member": "gemma"}
+        return all(r.get_sample_value("modelpool_held_requests", labels) == 3 for r in registries)
+
     async with asyncio.TaskGroup() as tg:
         runs = [tg.create_task(r.run()) for r in routers]
         try:
             await eventually(all_ready)
             held = [tg.create_task(call(r)) for r in routers for _ in range(3)]
             await eventually(asked_once)
-            await asyncio.sleep(1.0)  # time for any duplicate write to land
-            assert await generation() == 1
+            await eventually(all_held)  # every router has decided about its requests
+            # Any duplicate write would land within this window: it must stay one request.
+            window_ends = time.monotonic() + 1.0
+            while time.monotonic() < window_ends:
+                assert await generation() == 1
+                await asyncio.sleep(0.05)
             # Play the reconciler: gemma becomes resident and its endpoint ready.
             async with client._api.call_api(
                 "PATCH",
