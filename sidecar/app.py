@@ -178,22 +178,35 @@ class Proxy:
         except ProxyError as err:
             return errors.error_response(err)
         states = self._activation.model_states()
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "modelpool",
-                "backend": backend.name,
-                "state": states.get(backend.name, "unavailable"),
-            }
-            for name, backend in self._live.routes.names()
-        ]
+        data = [_model_entry(name, b, states) for name, b in self._live.routes.names()]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One model by id or alias, as the SDK's `models.retrieve` asks for it."""
+        try:
+            self._authorize(request)
+            name = request.match_info["model"]
+            backend = self._live.routes.by_name.get(name)
+            if backend is None:
+                raise errors.model_not_found(name)
+        except ProxyError as err:
+            return errors.error_response(err)
+        return web.json_response(_model_entry(name, backend, self._activation.model_states()))
 
     def _authorize(self, request: web.Request) -> None:
         if not self._live.keys.allows(request.headers.get("Authorization")):
             raise errors.unauthorized()
+
+
+def _model_entry(name: str, backend: BackendConfig, states: dict[str, str]) -> dict[str, object]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "modelpool",
+        "backend": backend.name,
+        "state": states.get(backend.name, "unavailable"),
+    }
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -246,4 +259,5 @@ def make_app(
     for path in COMPLETION_PATHS:
         app.router.add_post(path, proxy.completions)
     app.router.add_get("/v1/models", proxy.models)
+    app.router.add_get("/v1/models/{model}", proxy.model)
     return app

@@ -56,6 +56,9 @@ async def test_streamed_chat_completion_through_the_router(client: AsyncOpenAI) 
 async def test_models_and_errors_as_the_sdk_sees_them(client: AsyncOpenAI) -> None:
     models = {m.id: m for m in (await client.models.list()).data}
     assert set(models) == {"coder", "qwen"}
+    assert (await client.models.retrieve("qwen")).id == "qwen"
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("nope")
     with pytest.raises(openai.NotFoundError) as raised:
         await client.chat.completions.create(model="nope", messages=[])
     assert raised.value.code == "model_not_found"
