@@ -68,6 +68,7 @@ async def _supervised(name: str, work: Coroutine[Any, Any, None], stopping: asyn
 
 
 async def serve(settings: Settings, make_activation: ActivationFactory = real_activation) -> None:
+    """Run the router until SIGTERM or SIGINT (returns) or until a part fails (raises)."""
     config = load_config(settings.config_path)
     keys = load_keys(settings.api_keys_file)
     registry = CollectorRegistry()
@@ -145,8 +146,9 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
             for task in background:
                 task.cancel()
     finally:
-        await api.cleanup()
-        await health.cleanup()
+        for runner in (api, health):
+            if runner.server is not None:  # set up and not yet cleaned up
+                await runner.cleanup()
 
 
 def main(
