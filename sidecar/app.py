@@ -139,38 +139,60 @@ class Proxy:
         def first_chunk() -> None:
             self._metrics.first_byte(backend.name, self._clock() - started)
 
-        try:
-            async with self._activation.acquire(backend) as target:
-                try:
-                    async with request.app[upstream.SLOTS].slot(target.base_url):
-                        return await upstream.forward(
-                            request,
-                            request.app[upstream.SESSION],
-                            url=target.base_url.rstrip("/") + request.path_qs,
-                            body=body,
-                            headers=headers,
-                            connect_timeout=self._connect_timeout,
-                            # Starts now, with the member resident: a hold never eats
-                            # into it.
-                            read_timeout=live.config.response_header_timeout_seconds,
-                            on_first_chunk=first_chunk,
+        # A request that never reached a live server (the endpoint refused the connection,
+        # or died with it half-open) is re-verified and dispatched once more through the
+        # activator, which holds it until the member is ready again: the client sees no
+        # 502 for a resident whose process went away.
+        for attempt in (1, 2):
+            try:
+                async with self._activation.acquire(backend) as target:
+                    try:
+                        async with request.app[upstream.SLOTS].slot(target.base_url):
+                            return await upstream.forward(
+                                request,
+                                request.app[upstream.SESSION],
+                                url=target.base_url.rstrip("/") + request.path_qs,
+                                body=body,
+                                headers=headers,
+                                connect_timeout=self._connect_timeout,
+                                # Starts now, with the member resident: a hold never eats
+                                # into it.
+                                read_timeout=live.config.response_header_timeout_seconds,
+                                on_first_chunk=first_chunk,
+                            )
+                    except Exception as e:
+                        err = errors.translate(e, backend.name)
+                        if err.kind is None:
+                            raise
+                        self._metrics.upstream_error(backend.name, err.kind)
+                        dead = errors.is_connect_failure(err) or (
+                            err.kind == "disconnect"
+                            and not await upstream.reachable(
+                                target.base_url, self._connect_timeout
+                            )
                         )
-                except Exception as e:
-                    err = errors.translate(e, backend.name)
-                    if err.kind is None:
-                        raise
-                    self._metrics.upstream_error(backend.name, err.kind)
-                    if errors.is_connect_failure(err):
-                        self._activation.report_connect_failure(target)
-                    logger.warning("backend %s: %s", backend.name, err.message)
-                    raise err from e
-        except ProxyError:
-            raise
-        except Exception as e:
-            err = errors.translate(e, backend.name)
-            if err.status == 500:
-                logger.exception("request for backend %s failed", backend.name)
-            raise err from e
+                        if dead:
+                            self._activation.report_connect_failure(target)
+                        logger.warning(
+                            "backend %s at %s: %s%s",
+                            backend.name,
+                            target.base_url,
+                            err.message,
+                            "; dispatching again"
+                            if dead and attempt == 1 and backend.service is not None
+                            else "",
+                        )
+                        if dead and attempt == 1 and backend.service is not None:
+                            continue
+                        raise err from e
+            except ProxyError:
+                raise
+            except Exception as e:
+                err = errors.translate(e, backend.name)
+                if err.status == 500:
+                    logger.exception("request for backend %s failed", backend.name)
+                raise err from e
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def models(self, request: web.Request) -> web.Response:
         try:

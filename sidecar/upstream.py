@@ -8,11 +8,13 @@ into a `StreamResponse`, so server-sent events reach the client as the model emi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
+import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -226,6 +228,27 @@ async def forward(
         except ConnectionError:
             return Relay(response, client_gone=True)
         return Relay(response)
+
+
+async def reachable(base_url: str, connect_timeout: float) -> bool:
+    """Whether a fresh TCP connection to `base_url`'s host and port succeeds.
+
+    Tells a dead endpoint from a keep-alive race: a pooled connection that the server
+    closed fails the same way as a server that died, but only the dead one refuses a new
+    connection."""
+    parsed = yarl.URL(base_url)
+    host, port = parsed.host, parsed.port
+    if host is None or port is None:
+        return False
+    try:
+        async with asyncio.timeout(connect_timeout):
+            _reader, writer = await asyncio.open_connection(host, port)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 class _WholeResponse(web.StreamResponse):

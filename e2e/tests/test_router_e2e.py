@@ -335,15 +335,14 @@ async def test_a_client_that_disconnects_mid_swap_does_not_abort_the_swap(
 
 # --- The resident's process killed out of band ------------------------------------------
 
-# The bound: at most two requests get 502, both at once after the kill, and never one
-# after service came back. The first may go out on a kept-alive connection to the dead
-# process (a reset: "upstream_failed"); the router does not count that as a connection
-# failure, so the next one meets the refused port ("upstream_connect_failed"), and that one
-# marks the address bad and re-verifies residency: from then on requests are held until
-# the restarted server is Ready. So at most one connect failure, and service back within
-# the restart, a's load time and the readiness probe's period, with room to spare.
+# The bound: the request that finds the dead process (a reset on a kept-alive connection,
+# or the refused port) is not answered 502: the router checks that the address refuses a
+# fresh connection, marks it bad, re-verifies residency and dispatches the request again
+# through the activator, which holds it until the restarted server is Ready. One 502 is
+# tolerated for the race in which the process is back before that check. Service is back
+# within the restart, a's load time and the readiness probe's period, with room to spare.
 KILL_RECOVERY_SECONDS = 30.0
-MAX_502_AFTER_KILL = 2
+MAX_502_AFTER_KILL = 1
 
 
 def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering_502(
@@ -379,18 +378,14 @@ def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering
     statuses = [status for status, _ in outcomes]
     assert set(statuses) <= {200, 502}, outcomes
     assert statuses.count(502) <= MAX_502_AFTER_KILL, outcomes
-    assert [c for _, c in outcomes].count("upstream_connect_failed") <= 1, outcomes
     assert after == [200] * 5, after
     assert recovered <= KILL_RECOVERY_SECONDS, f"{recovered:.1f}s to recover: {outcomes}"
     restarted = harness.member_pods(stack.kubectl, stack.namespace, "a")
     assert [p.restarts for p in restarted] == [1]  # the same pod, restarted by the node
-    # The router counted each failure it answered, by kind.
+    # The router saw the dead endpoint (counted by kind) whether or not a client got 502.
     families = stack.router_metrics()
     errors = harness.sample_sum(families, "modelpool_upstream_errors_total", backend="a")
-    assert errors == statuses.count(502), (errors, outcomes)
-    connect_failures = [c for _, c in outcomes].count("upstream_connect_failed")
-    assert harness.sample_sum(families, "modelpool_upstream_errors_total", backend="a",
-                              kind="connect") == connect_failures
+    assert 1 <= errors <= 2 + statuses.count(502), (errors, outcomes)
     assert harness.sample_sum(families, "modelpool_requests_total", model="a",
                               code="502") == statuses.count(502)
 
