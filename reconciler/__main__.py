@@ -23,7 +23,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from reconciler.controller import Controller
-from reconciler.health import make_health_app
 from reconciler.kube import Kube
 from reconciler.leader import LeaderElector
 from reconciler.logs import setup_logging
@@ -31,6 +30,7 @@ from reconciler.metrics import ReconcilerMetrics
 from reconciler.probes import HttpIdleProbe
 from reconciler.render import Renderer
 from reconciler.settings import Settings, add_run_arguments, from_args
+from telemetry.health import make_health_app
 
 log = logging.getLogger("reconciler")
 
@@ -64,6 +64,8 @@ async def run(
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
         controller = Controller(kube, settings, metrics, Renderer(), probe)
+        # Ready once the caches are synced: a standby waiting for the Lease is ready too (it
+        # is healthy and takes over the moment it leads).
         runner = web.AppRunner(make_health_app(registry, controller.ready.is_set),
                                access_log=None)
         await runner.setup()

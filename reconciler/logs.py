@@ -1,4 +1,5 @@
-"""JSON-lines logs, and a logger that speaks of one object and can post it an Event.
+"""The reconciler's logging: JSON lines (from telemetry), and a logger that speaks of one
+object and can post it an Event.
 
 An operator reads a reconciler through two windows: its log and `kubectl describe`. The
 `ObjectLogger` writes to both at once (as kopf's does): every line carries the object's
@@ -7,41 +8,19 @@ kind, namespace and name, and `event()` also posts a Kubernetes Event on the obj
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+from telemetry.logs import configure_logging
 
 # Posts (type, reason, message) about the object; given by the shell, which owns the API.
 EventPoster = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD:
-                entry[key] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
 def setup_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    """JSON lines on stderr; the HTTP and API client libraries speak only of trouble."""
+    configure_logging(level)
     for noisy in ("httpx", "httpcore", "kr8s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

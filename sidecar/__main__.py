@@ -24,11 +24,11 @@ from sidecar import activation, kube
 from sidecar.app import Activation, Live, make_app
 from sidecar.auth import ApiKeys, load_keys, parse_keys
 from sidecar.config import ConfigError, RouterConfig, load_config, parse_config
-from sidecar.health import make_health_app
-from sidecar.logs import setup_logging
 from sidecar.metrics import RouterMetrics
 from sidecar.reload import WatchedFile, watch
 from sidecar.settings import Settings, from_args
+from telemetry.health import make_health_app
+from telemetry.logs import configure_logging
 
 logger = logging.getLogger("sidecar")
 
@@ -106,6 +106,8 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_seconds,
     )
+    # On its own port so probes and scrapes never queue behind model traffic; ready while
+    # the router can route (the activator is ready and it is not shutting down).
     health = web.AppRunner(
         make_health_app(registry, lambda: activation.ready() and not stopping.is_set()),
         access_log=None,
@@ -157,7 +159,7 @@ def main(
     """The console script. Exit codes: 0 after SIGTERM, 1 when a part failed, 2 for a bad
     config at start."""
     settings = from_args(sys.argv[1:] if argv is None else argv, os.environ)
-    setup_logging(settings.log_level)
+    configure_logging(settings.log_level)
     try:
         asyncio.run(serve(settings, make_activation))
     except ConfigError as e:

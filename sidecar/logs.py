@@ -1,36 +1,9 @@
-"""JSON-lines logging for the router: one object per line, readable by any log stack."""
+"""The router logs JSON lines through telemetry.logs; this name for its setup remains only
+because benchmarks/bench_router.py configures an in-process router's logging through it.
+Once that imports `telemetry.logs.configure_logging`, this module can go."""
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
-from datetime import UTC, datetime
-from typing import Any
+from telemetry.logs import configure_logging as setup_logging
 
-# Attributes every LogRecord has; anything else came in through `extra=` and is kept.
-_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD:
-                entry[key] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+__all__ = ["setup_logging"]

@@ -1,6 +1,6 @@
-"""The metrics and health server, on its own port so probes and scrapes never queue
-behind model traffic: `/metrics`, `/healthz` (the process serves), `/readyz` (it can
-route: the activator is ready and the router is not shutting down)."""
+"""The metrics and health server, on its own port so probes and scrapes never queue behind
+a program's work: `/metrics` serves the injected registry, `/healthz` says the process
+serves, `/readyz` asks the program whether it is ready."""
 
 from __future__ import annotations
 
