@@ -1,28 +1,13 @@
-"""JSON-lines logging for the agent; a record may carry the pod it speaks of."""
+"""The agent's logging: JSON lines (telemetry.logs), and a logger whose records carry the
+pod they speak of."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import MutableMapping
-from datetime import UTC, datetime
 from typing import Any
 
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        pod = getattr(record, "pod", None)
-        if pod:
-            line["pod"] = pod
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line)
+from telemetry.logs import configure_logging
 
 
 class PodLogger(logging.LoggerAdapter[logging.Logger]):
@@ -38,9 +23,6 @@ class PodLogger(logging.LoggerAdapter[logging.Logger]):
 
 
 def configure(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    """JSON lines on stderr; the HTTP client library speaks only of trouble."""
+    configure_logging(level)
     logging.getLogger("httpx").setLevel(logging.WARNING)
