@@ -399,8 +399,11 @@ def test_router_deployment() -> None:
 def _config_and_hash(pools: list[ModelPoolSpec]) -> tuple[str, str]:
     objects = RENDERER.router(CHAT, servers=SERVERS, pools=pools, owner_uid=None)
     text: str = _one(objects, "ConfigMap")["data"]["config.json"]
-    annotations = _one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
-    return text, annotations["modelpool.dev/config-hash"]
+    deployment = _one(objects, "Deployment")
+    # A config change must not roll the pods (the router reloads in place and keeps its
+    # held requests): the hash is on the Deployment, never in its pod template.
+    assert "annotations" not in deployment["spec"]["template"]["metadata"]
+    return text, deployment["metadata"]["annotations"]["modelpool.dev/config-hash"]
 
 
 def test_config_hash_is_the_sha256_of_the_config() -> None:
