@@ -21,8 +21,23 @@ api = local.api
 namespace = local.namespace
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help="how long the soak sends traffic (default: MODELPOOL_SOAK_SECONDS, else short)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     local.mark_by_directory(items)
+    soak = config.getoption("--soak-seconds")
+    if soak is not None:
+        # A long soak outlives the default per-test timeout: give it its length plus set-up.
+        for item in items:
+            if "soak" in item.nodeid:
+                item.add_marker(pytest.mark.timeout(int(soak) + 600))
     local.check_tiers(items)
 
 
