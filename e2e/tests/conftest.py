@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # A long soak outlives the default per-test timeout: give it its length plus set-up.
         for item in items:
             if "soak" in item.nodeid:
-                item.add_marker(pytest.mark.timeout(int(soak) + 600))
+                item.add_marker(pytest.mark.timeout(int(soak) + 600), append=False)
     local.check_tiers(items)
 
 
