@@ -25,6 +25,7 @@ import kr8s
 import kr8s.asyncio
 
 from reconciler.timefmt import rfc3339, rfc3339_micro
+from telemetry.watch import watch_params
 
 log = logging.getLogger(__name__)
 
@@ -207,14 +208,7 @@ class Kube:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) from `resource_version` on, bookmarks included, until the server
         ends the watch; raises Gone when that version is too old."""
-        params = {
-            "watch": "true",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
-        }
-        if label_selector:
-            params["labelSelector"] = label_selector
+        params = watch_params(resource_version, WATCH_SECONDS, label_selector=label_selector)
         what = f"watch {resource.plural} {namespace or '(all)'}"
         try:
             async with self.api.call_api(

@@ -29,6 +29,7 @@ from sidecar.activator import (
     WriteRequest,
 )
 from sidecar.endpoints import Endpoint, EndpointSlice
+from telemetry.watch import watch_params
 
 logger = logging.getLogger(__name__)
 
@@ -168,14 +169,9 @@ class KubeClient:
                         version, namespace, plural, parse, label_selector
                     )
                     yield Listed(tuple(items))
-                params = {
-                    "watch": "true",
-                    "resourceVersion": resource_version,
-                    "allowWatchBookmarks": "true",
-                    "timeoutSeconds": str(_WATCH_SECONDS),
-                }
-                if label_selector:
-                    params["labelSelector"] = label_selector
+                params = watch_params(
+                    resource_version, _WATCH_SECONDS, label_selector=label_selector
+                )
                 async with self._api.call_api(
                     "GET",
                     version=version,

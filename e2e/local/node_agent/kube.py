@@ -16,6 +16,8 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
+from telemetry.watch import watch_params
+
 Json = dict[str, Any]
 
 # No request may hang the agent: a stalled call fails and is retried by its loop. A watch
@@ -153,14 +155,7 @@ class Kube:
     ) -> AsyncIterator[tuple[str, Json]]:
         """Events of a core (v1) kind after `resource_version` until the server ends the
         watch; raises Gone when that version is too old. Bookmarks come as `BOOKMARK`."""
-        params = {
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
-        }
-        if field_selector:
-            params["fieldSelector"] = field_selector
+        params = watch_params(resource_version, WATCH_SECONDS, field_selector=field_selector)
         try:
             async with self._api.call_api(
                 "GET", version="v1", url=plural, params=params, stream=True, timeout=WATCH_TIMEOUT
