@@ -132,9 +132,9 @@ def fake_kube_router(argv: list[str]) -> None:
     from sidecar.activator import PoolStatus, WriteRequest
     from sidecar.config import RouterConfig
     from sidecar.endpoints import Endpoint, EndpointSlice
-    from sidecar.logs import setup_logging
     from sidecar.metrics import RouterMetrics
     from sidecar.settings import Settings, from_args
+    from telemetry.logs import configure_logging as setup_logging
 
     p = argparse.ArgumentParser()
     p.add_argument("--upstream-port", type=int, required=True)
