@@ -53,6 +53,7 @@ LABEL_POOL = "modelpool.dev/pool"
 LABEL_ROUTER = "modelpool.dev/router"
 CONFIG_HASH_ANNOTATION = "modelpool.dev/config-hash"
 ROUTER_CONFIG_DIR = "/etc/modelpool/router"
+ROUTER_KEYS_DIR = "/etc/modelpool/router-keys"
 ROUTER_HTTP_PORT = 8080
 ROUTER_METRICS_PORT = 9090
 
@@ -236,6 +237,7 @@ class Renderer:
             "config_text": config_text,
             "config_hash": config_hash(config_text),
             "config_dir": ROUTER_CONFIG_DIR,
+            "keys_dir": ROUTER_KEYS_DIR,
             "config_hash_annotation": CONFIG_HASH_ANNOTATION,
             "http_port": ROUTER_HTTP_PORT,
             "metrics_port": ROUTER_METRICS_PORT,

@@ -408,6 +408,15 @@ class ProxySpec:
     port: int = DEFAULT_PORT
     response_header_timeout_seconds: float = 600.0
     max_held_requests: int = DEFAULT_MAX_HELD_REQUESTS
+    api_key_secret: ApiKeySecret | None = None
+
+
+@dataclass(frozen=True)
+class ApiKeySecret:
+    """The Secret (and its key) whose lines are the API keys the router accepts."""
+
+    name: str
+    key: str = "keys"
 
 
 @dataclass(frozen=True)
@@ -462,6 +471,15 @@ class ModelRouterSpec:
         replicas = _int(proxy, "replicas", at, 1)
         if replicas < 0:
             raise SpecError(f"spec.proxy.replicas must not be negative, not {replicas}")
+        keys = _obj(proxy, "apiKeySecret", at)
+        api_key_secret = (
+            ApiKeySecret(
+                name=_req_str(keys, "name", f"{at}.apiKeySecret"),
+                key=_str(keys, "key", f"{at}.apiKeySecret", "keys") or "keys",
+            )
+            if keys
+            else None
+        )
         max_held = _int(proxy, "maxHeldRequests", at, DEFAULT_MAX_HELD_REQUESTS)
         if max_held < 1:
             raise SpecError(f"spec.proxy.maxHeldRequests must be at least 1, not {max_held}")
@@ -482,5 +500,6 @@ class ModelRouterSpec:
                 port=_port(proxy, "port", at),
                 response_header_timeout_seconds=timeout,
                 max_held_requests=max_held,
+                api_key_secret=api_key_secret,
             ),
         )

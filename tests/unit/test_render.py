@@ -26,7 +26,7 @@ from reconciler.render import (
     RenderError,
     router_needs_rbac,
 )
-from reconciler.spec import ModelPoolSpec, ModelServerSpec
+from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec
 from tests.unit.test_render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
 
 pytestmark = pytest.mark.unit
@@ -486,3 +486,36 @@ def test_values_cannot_break_the_yaml() -> None:
     c = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["a: b", "- c", "{d}", "'e'", '"f"', "g\nh", "#i", "yes", "1.0", "null"]
     assert c["env"] == [{"name": "X", "value": "${Y} *z &w"}]
+
+
+def test_an_api_key_secret_is_mounted_and_passed_to_the_router() -> None:
+    router = ModelRouterSpec.from_body(
+        body(
+            "ModelRouter",
+            "chat",
+            {
+                "backends": [{"name": "external", "url": "http://10.0.0.9:8000"}],
+                "proxy": {"apiKeySecret": {"name": "router-keys"}},
+            },
+        )
+    )
+    objects = RENDERER.router(router, servers={}, pools=[], owner_uid=None)
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "--config", "/etc/modelpool/router/config.json",
+        "--api-keys-file", "/etc/modelpool/router-keys/keys",
+    ]
+    assert {"name": "api-keys", "mountPath": "/etc/modelpool/router-keys", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    assert {"name": "api-keys", "secret": {"secretName": "router-keys"}} in pod["volumes"]
+    # The router still gets no right to read Secrets: the kubelet mounts it.
+    assert not any(o["kind"] == "Role" for o in objects)
+
+
+def test_without_an_api_key_secret_the_router_asks_for_no_key() -> None:
+    objects = RENDERER.router(CHAT, servers=SERVERS, pools=[POOL], owner_uid=None)
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert "--api-keys-file" not in pod["containers"][0]["args"]
+    assert all(v["name"] != "api-keys" for v in pod["volumes"])
