@@ -133,6 +133,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.L
         _SESSION.release()
 
 
+def private_cluster(prefix: str) -> Any:
+    """A module-scoped `cluster` fixture that starts a cluster of the module's own, whatever
+    MODELPOOL_REUSE_CLUSTER says: for tests that restart the control plane or install a
+    cluster-wide reconciler. Use as `cluster = private_cluster("soak-cluster")`."""
+
+    @pytest.fixture(scope="module", name="cluster")
+    def _cluster(
+        tmp_path_factory: pytest.TempPathFactory,
+    ) -> Iterator[controlplane.LocalCluster]:
+        state = tmp_path_factory.mktemp(prefix, numbered=True)
+        options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
+        try:
+            yield controlplane.up(options)
+        finally:
+            controlplane.down(state)
+
+    return _cluster
+
+
 @pytest.fixture
 def kubeconfig(cluster: controlplane.LocalCluster) -> Path:
     return cluster.kubeconfig

@@ -28,7 +28,6 @@ there before.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -38,7 +37,7 @@ import pytest
 import yaml
 
 from e2e import harness
-from e2e.local import controlplane
+from e2e.local import fixtures as local_fixtures
 from e2e.local.fixtures import Kubectl
 
 GIT_MANAGER = "argocd-controller"
@@ -233,15 +232,8 @@ def _swap_through_router(kubectl: Kubectl, namespace: str) -> None:
         client.close()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
-    """A cluster of the test's own, whatever MODELPOOL_REUSE_CLUSTER says (see above)."""
-    state = tmp_path_factory.mktemp("gitops-cluster", numbered=True)
-    options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
-    try:
-        yield controlplane.up(options)
-    finally:
-        controlplane.down(state)
+# A cluster of the test's own, whatever MODELPOOL_REUSE_CLUSTER says (see above).
+cluster = local_fixtures.private_cluster("gitops-cluster")
 
 
 @pytest.fixture

@@ -49,6 +49,7 @@ import yaml
 
 from e2e import harness
 from e2e.local import controlplane, processes
+from e2e.local import fixtures as local_fixtures
 from e2e.local.demo import follow
 from e2e.local.fixtures import Kubectl
 
@@ -506,15 +507,8 @@ def scoped_install(kubectl: Kubectl, namespace: str) -> list[Json]:
     return [*documents, role, binding]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.LocalCluster]:
-    """The soak's own cluster (it restarts kube-apiserver): overrides the shared fixture."""
-    state = tmp_path_factory.mktemp("soak-cluster", numbered=True)
-    options = controlplane.UpOptions(state_dir=state, python=sys.executable, gpus=1)
-    try:
-        yield controlplane.up(options)
-    finally:
-        controlplane.down(state)
+# The soak's own cluster (it restarts kube-apiserver): overrides the shared fixture.
+cluster = local_fixtures.private_cluster("soak-cluster")
 
 
 @pytest.fixture
