@@ -501,6 +501,21 @@ def pod_kubeconfig(node_state_dir: Path, pod: Pod) -> Path:
 # Sampling
 
 
+def split_json_stream(buffer: str) -> tuple[list[Json], str]:
+    """The whole JSON documents at the start of `buffer` (kubectl's `--watch -o json`
+    prints them back to back, pretty-printed) and the incomplete rest."""
+    decoder = json.JSONDecoder()
+    events: list[Json] = []
+    while stripped := buffer.lstrip():
+        try:
+            event, end = decoder.raw_decode(stripped)
+        except ValueError:
+            return events, stripped
+        events.append(event)
+        buffer = stripped[end:]
+    return events, ""
+
+
 class MemberWatch:
     """Follows the member pods of a namespace through a watch; every change is a sample.
 
@@ -539,21 +554,10 @@ class MemberWatch:
 
     def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None
-        decoder = json.JSONDecoder()
         buffer = ""
         for line in self._process.stdout:
-            buffer += line
-            while True:
-                stripped = buffer.lstrip()
-                if not stripped:
-                    buffer = ""
-                    break
-                try:
-                    event, end = decoder.raw_decode(stripped)
-                except ValueError:
-                    buffer = stripped
-                    break
-                buffer = stripped[end:]
+            events, buffer = split_json_stream(buffer + line)
+            for event in events:
                 self._record(event)
 
     def _record(self, event: Json) -> None:

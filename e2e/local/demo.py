@@ -245,19 +245,11 @@ async def follow(argv: Sequence[str], on_event: Callable[[Json], None]) -> None:
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
     )
     assert process.stdout is not None
-    decoder = json.JSONDecoder()
     buffer = ""
     try:
         while chunk := await process.stdout.read(65536):
-            buffer += chunk.decode()
-            while True:
-                stripped = buffer.lstrip()
-                try:
-                    event, end = decoder.raw_decode(stripped)
-                except ValueError:
-                    buffer = stripped
-                    break
-                buffer = stripped[end:]
+            events, buffer = harness.split_json_stream(buffer + chunk.decode())
+            for event in events:
                 on_event(event)
     finally:
         with contextlib.suppress(ProcessLookupError):
