@@ -44,7 +44,9 @@ def seconds_since_exec() -> float:
         now = time.clock_gettime(time.CLOCK_BOOTTIME)
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
-    return max(0.0, now - start_ticks / ticks_per_second)
+    # starttime is rounded down to a whole tick, so the process may be up to one tick
+    # younger than it reads: count only what has surely been spent.
+    return max(0.0, now - (start_ticks + 1) / ticks_per_second)
 
 
 async def serve(settings: Settings, already_spent: float = 0.0) -> None:

@@ -431,7 +431,7 @@ async def test_an_abandoned_swap_fails_its_waiters_at_once(pools: FakeCluster) -
         )
         with pytest.raises(ActivationError) as caught:
             await waiter
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         assert caught.value.code == "swap_abandoned"
         assert "abandoned" in caught.value.message
 

@@ -138,5 +138,5 @@ async def test_no_run_of_stale_502s_after_the_resident_dies(
         pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
         results = await asyncio.gather(*requests)
         assert [r[0] for r in results] == [200] * 6
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         assert len(coder.received) == 6
