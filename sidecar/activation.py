@@ -3,8 +3,9 @@
 `sidecar.activator` decides; this module owns everything that waits or talks: the held
 requests' futures, the watches of the router's ModelPools and of the member Services'
 EndpointSlices (through a `KubePort`, implemented by `sidecar.kube`), the compare-and-swap
-writes and re-reads, the timer that wakes the machine at its next deadline, and the
-metrics. The proxy only sees `Activation.acquire`: a context manager that yields where to
+writes and re-reads, the timer that wakes the machine at its next deadline, the metrics,
+and the Events on the pools (`sidecar.events` decides which, an `EventReporter` posts them
+in the background). The proxy only sees `Activation.acquire`: a context manager that yields where to
 send a request once its member is resident, and spans the request while it runs.
 """
 
@@ -19,9 +20,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from sidecar import activator
+from sidecar import activator, events
 from sidecar.activator import (
     Action,
     Admit,
@@ -45,12 +46,15 @@ from sidecar.activator import (
 )
 from sidecar.config import BackendConfig, PoolConfig, RouterConfig
 from sidecar.endpoints import EndpointIndex, EndpointSlice
+from sidecar.events import Note, Post, Refusal
 from sidecar.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
 
 NO_READY_ENDPOINT = "no_ready_endpoint"
 _REREAD_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+_EVENT_TIMEOUT = 10.0  # one Event's POST; the reporter gives up on it after that
+_EVENT_BACKLOG = 64  # posts waiting to be sent; past it new ones are dropped (and logged)
 
 T = TypeVar("T")
 
@@ -103,6 +107,94 @@ class KubePort(Protocol):
     async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]: ...
 
 
+@runtime_checkable
+class EventPort(Protocol):
+    """Creates an Event on a ModelPool (`sidecar.kube.KubeClient` is one)."""
+
+    async def post_event(self, post: Post, instance: str) -> None: ...
+
+
+class EventReporter:
+    """Posts the Events `sidecar.events` decides on, without ever making a request wait.
+
+    `note` is synchronous and cheap: the rate limiter runs at once, and what it lets
+    through queues for `run`, one task that sends the posts one at a time, each bounded by
+    a timeout. A post that fails is dropped: the first failure of each reason is logged as
+    a warning, repeats at debug until one of that reason succeeds again."""
+
+    def __init__(
+        self,
+        port: EventPort,
+        instance: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        window: float = events.WINDOW_SECONDS,
+        timeout: float = _EVENT_TIMEOUT,
+    ) -> None:
+        self._port = port
+        self._instance = instance
+        self._clock = clock
+        self._limiter = events.Limiter(window=window)
+        self._timeout = timeout
+        self._posts: asyncio.Queue[Post] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._failing: set[str] = set()  # reasons whose last post failed (logged once)
+        self._dropped = 0
+
+    def note(self, note: Note) -> None:
+        self._limiter, posts = events.offer(self._limiter, note, self._clock())
+        self._enqueue(posts)
+        self._wake.set()  # the next summary may be due sooner
+
+    async def run(self) -> None:
+        """Send posts, and summaries as their windows close. Runs until cancelled."""
+        while True:
+            self._limiter, posts = events.due(self._limiter, self._clock())
+            self._enqueue(posts)
+            while not self._posts.empty():
+                await self._send(self._posts.get_nowait())
+            due = events.next_due(self._limiter)
+            self._wake.clear()
+            wait = None if due is None else max(0.0, due - self._clock())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+
+    def _enqueue(self, posts: list[Post]) -> None:
+        for post in posts:
+            if self._posts.qsize() >= _EVENT_BACKLOG:
+                self._dropped += 1
+                if self._dropped == 1:
+                    logger.warning(
+                        "pool %s/%s: too many Events waiting to be posted; dropping %s",
+                        post.namespace,
+                        post.pool,
+                        post.reason,
+                    )
+                continue
+            self._posts.put_nowait(post)
+
+    async def _send(self, post: Post) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._port.post_event(post, self._instance)
+        except Exception as e:
+            level = logging.DEBUG if post.reason in self._failing else logging.WARNING
+            self._failing.add(post.reason)
+            logger.log(
+                level,
+                "pool %s/%s: could not post Event %s: %s",
+                post.namespace,
+                post.pool,
+                post.reason,
+                e or type(e).__name__,
+            )
+            return
+        self._failing.discard(post.reason)
+        self._dropped = 0
+        logger.debug("pool %s/%s: posted Event %s", post.namespace, post.pool, post.reason)
+
+
 # --- Public interface for the proxy -------------------------------------------------------
 
 
@@ -152,9 +244,18 @@ class Activation:
         *,
         identity: str,
         clock: Callable[[], float] = time.monotonic,
+        events_port: EventPort | None = None,
     ) -> None:
+        """`identity` is `namespace/router/pod`. Events go to `events_port`, by default the
+        kube client when it can post them; with neither, no Events."""
         self._config = config
         self._kube = kube
+        port = events_port
+        if port is None and isinstance(kube, EventPort):
+            port = kube
+        self._events = (
+            None if port is None else EventReporter(port, identity.rsplit("/", 1)[-1], clock=clock)
+        )
         self._metrics = metrics
         self._identity = identity
         self._clock = clock
@@ -181,6 +282,8 @@ class Activation:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._ticker())
             tg.create_task(self._worker(tg))
+            if self._events is not None:
+                tg.create_task(self._events.run())
             if self._kube is not None:
                 tg.create_task(self._watch_pools(self._kube))
                 tg.create_task(self._watch_slices(self._kube))
@@ -303,7 +406,24 @@ class Activation:
             self._execute(pool, action)
         for member, count in activator.held_counts(state).items():
             self._metrics.held(pool, member).set(count)
+        if self._events is not None:
+            refused = [Refusal(a.member, a.code) for a in actions if isinstance(a, Fail)]
+            if refused:
+                self._note_refusals(pool, state, refused)
         self._wake.set()
+
+    def _note_refusals(self, pool: str, state: PoolState, refused: list[Refusal]) -> None:
+        assert self._events is not None
+        notes = events.refusals(
+            self._config.namespace,
+            self._config.name,
+            pool,
+            refused,
+            swap_budget=state.limits.swap_budget,
+            max_held=state.limits.max_held,
+        )
+        for note in notes:
+            self._events.note(note)
 
     def _execute(self, pool: str, action: Action) -> None:
         match action:
@@ -318,7 +438,9 @@ class Activation:
                     self._metrics.observe_hold(pool, fail.member, fail.held_for)
                 logger.info(
                     "pool %s: request for %s refused: %s",
-                    self._ref(pool), fail.member, fail.message,
+                    self._ref(pool),
+                    fail.member,
+                    fail.message,
                 )
                 self._resolve(
                     fail.waiter,
@@ -399,6 +521,19 @@ class Activation:
             write.request.generation,
         )
         self._seen[pool] = status
+        member = write.request.member
+        if self._events is not None and member is not None:
+            held = activator.held_counts(self._pools[pool]).get(member, 0)
+            self._events.note(
+                events.swap_requested(
+                    self._config.namespace,
+                    self._config.name,
+                    pool,
+                    member,
+                    status.resident_member,
+                    held,
+                )
+            )
         self._feed(pool, WriteSucceeded(status))
 
     async def _reread(self, kube: KubePort, pool: str) -> None:

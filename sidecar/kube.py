@@ -3,8 +3,9 @@
 It implements `sidecar.activation.KubePort`: it reads and watches the namespace's
 ModelPools and EndpointSlices (list, then watch from the list's version, resume after a
 dropped connection, list again after 410 Gone), and writes a pool's `status.request` by
-JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. kr8s and httpx
-errors are translated here, once, into `KubeError` and `Conflict`.
+JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. It also creates
+the core/v1 Events that `sidecar.events` decides on (`sidecar.activation.EventPort`).
+kr8s and httpx errors are translated here, once, into `KubeError` and `Conflict`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import httpx
@@ -29,11 +30,15 @@ from sidecar.activator import (
     WriteRequest,
 )
 from sidecar.endpoints import Endpoint, EndpointSlice
+from sidecar.events import Post
 from telemetry.watch import watch_params
 
 logger = logging.getLogger(__name__)
 
 POOL_API = "modelpool.dev/v1alpha1"
+EVENT_API = "v1"
+# Who reports the router's Events (core/v1 `reportingComponent` and `source.component`).
+REPORTING_COMPONENT = "modelpool.dev/router"
 SLICE_API = "discovery.k8s.io/v1"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _REQUEST_TIMEOUT = 15.0
@@ -43,7 +48,15 @@ _BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
 T = TypeVar("T")
 Body = dict[str, Any]
 
-__all__ = ["Conflict", "KubeClient", "KubeError", "connect", "parse_pool", "parse_slice"]
+__all__ = [
+    "Conflict",
+    "KubeClient",
+    "KubeError",
+    "connect",
+    "event_body",
+    "parse_pool",
+    "parse_slice",
+]
 
 
 class _Gone(Exception):
@@ -65,6 +78,9 @@ class KubeClient:
     ) -> None:
         self._api = api
         self._wall_clock = wall_clock
+        # uid of every ModelPool seen, by (namespace, name): an Event's involvedObject
+        # carries it, and `kubectl describe` finds a pool's Events by it.
+        self._pool_uids: dict[tuple[str, str], str] = {}
 
     async def close(self) -> None:
         """Close the HTTP session (kr8s keeps it open for the client's lifetime)."""
@@ -79,7 +95,7 @@ class KubeClient:
             body = await self._json("GET", POOL_API, namespace, f"modelpools/{name}")
         except _NotFound:
             return None
-        return parse_pool(body)
+        return self._parse_pool(body)
 
     async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
         ops = request_patch(write, self._wall_clock())
@@ -94,10 +110,37 @@ class KubeClient:
             )
         except _NotFound as e:
             raise KubeError(f"ModelPool {namespace}/{pool} not found") from e
-        return parse_pool(body)
+        return self._parse_pool(body)
 
     def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
-        return self._watch(POOL_API, namespace, "modelpools", parse_pool)
+        return self._watch(POOL_API, namespace, "modelpools", self._parse_pool)
+
+    def _parse_pool(self, obj: Body) -> PoolStatus:
+        meta = obj.get("metadata") or {}
+        namespace, uid = meta.get("namespace"), meta.get("uid")
+        if isinstance(namespace, str) and isinstance(uid, str):
+            self._pool_uids[(namespace, str(meta.get("name", "")))] = uid
+        return parse_pool(obj)
+
+    # --- Events ---
+
+    async def post_event(self, post: Post, instance: str) -> None:
+        """Create the core/v1 Event `post` on its ModelPool; `instance` is this pod's name.
+        Raises KubeError (a pool that is gone is one)."""
+        uid = self._pool_uids.get((post.namespace, post.pool))
+        if uid is None:
+            if await self.get_pool(post.namespace, post.pool) is None:
+                raise KubeError(f"ModelPool {post.namespace}/{post.pool} not found")
+            uid = self._pool_uids.get((post.namespace, post.pool))
+        body = event_body(post, uid, instance, self._wall_clock())
+        await self._json(
+            "POST",
+            EVENT_API,
+            post.namespace,
+            "events",
+            content=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
 
     # --- EndpointSlices ---
 
@@ -244,6 +287,40 @@ def _translate(e: Exception, what: str) -> Exception:
 
 
 # --- bodies -------------------------------------------------------------------------------
+
+
+def event_body(post: Post, uid: str | None, instance: str, now: datetime) -> Body:
+    """The core/v1 Event for `post` on its ModelPool, as `kubectl describe` shows it: the
+    first and last timestamps span the notes it stands for, `count` is how many."""
+    involved: Body = {
+        "apiVersion": POOL_API,
+        "kind": "ModelPool",
+        "name": post.pool,
+        "namespace": post.namespace,
+    }
+    if uid is not None:
+        involved["uid"] = uid
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{post.pool}.", "namespace": post.namespace},
+        "involvedObject": involved,
+        "type": post.type,
+        "reason": post.reason,
+        "message": post.message[:1024],
+        "action": post.reason,
+        "source": {"component": REPORTING_COMPONENT},
+        "reportingComponent": REPORTING_COMPONENT,
+        "reportingInstance": instance[:128],
+        "firstTimestamp": _seconds(now - timedelta(seconds=post.span)),
+        "lastTimestamp": _seconds(now),
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "count": post.count,
+    }
+
+
+def _seconds(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def request_patch(write: WriteRequest, now: datetime) -> list[Body]:
