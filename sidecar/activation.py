@@ -407,7 +407,11 @@ class Activation:
         for member, count in activator.held_counts(state).items():
             self._metrics.held(pool, member).set(count)
         if self._events is not None:
-            refused = [Refusal(a.member, a.code) for a in actions if isinstance(a, Fail)]
+            refused = [
+                Refusal(a.member, a.code)
+                for a in actions
+                if isinstance(a, Fail) and a.code in events.REPORTED_CODES
+            ]
             if refused:
                 self._note_refusals(pool, state, refused)
         self._wake.set()

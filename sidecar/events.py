@@ -26,6 +26,9 @@ HELD_REQUESTS_REJECTED = "HeldRequestsRejected"
 
 WINDOW_SECONDS = 30.0
 
+# The activator's error codes that are news to a person watching the pool.
+REPORTED_CODES = frozenset({SWAP_ABANDONED, SWAP_BUDGET_EXCEEDED, TOO_MANY_HELD_REQUESTS})
+
 
 @dataclass(frozen=True)
 class Note:
@@ -90,7 +93,7 @@ def refusals(
     away, in the order they were first refused. Shutting down is no news: no note."""
     counts: dict[tuple[str, str], int] = {}
     for r in refused:
-        if r.code in (SWAP_ABANDONED, SWAP_BUDGET_EXCEEDED, TOO_MANY_HELD_REQUESTS):
+        if r.code in REPORTED_CODES:
             counts[(r.code, r.member)] = counts.get((r.code, r.member), 0) + 1
     notes: list[Note] = []
     for (code, member), n in counts.items():

@@ -7,8 +7,10 @@ The rate limiter is driven with explicit times (a fake clock): each case feeds n
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -337,3 +339,23 @@ def test_a_summary_body_spans_its_notes_and_counts_them() -> None:
     assert body["lastTimestamp"] == "2026-11-30T10:00:05Z"
     assert len(body["message"]) == 1024 and len(body["reportingInstance"]) == 128
     assert "uid" not in body["involvedObject"]
+
+
+# --- layering ---------------------------------------------------------------------------
+
+
+def test_the_decisions_import_nothing_that_waits_or_talks() -> None:
+    source = Path(events.__file__).read_text()
+    imported = {
+        (node.module or "").split(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+    } | {
+        alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    io = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "logging"}
+    assert imported & io == set()
+    assert "sidecar" in imported  # it does read the activator's error codes
