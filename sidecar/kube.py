@@ -133,14 +133,25 @@ class KubeClient:
                 raise KubeError(f"ModelPool {post.namespace}/{post.pool} not found")
             uid = self._pool_uids.get((post.namespace, post.pool))
         body = event_body(post, uid, instance, self._wall_clock())
-        await self._json(
-            "POST",
-            EVENT_API,
-            post.namespace,
-            "events",
-            content=json.dumps(body),
-            headers={"Content-Type": "application/json"},
-        )
+        try:
+            # raise_for_status=False: on a 401/403 kr8s re-authenticates and replaces its
+            # HTTP session, which would cut the watches and writes in flight on it. A
+            # router whose Role lacks Events (an older install) must not pay that.
+            async with self._api.call_api(
+                "POST",
+                version=EVENT_API,
+                namespace=post.namespace,
+                url="events",
+                content=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+                timeout=_REQUEST_TIMEOUT,
+                raise_for_status=False,
+            ) as response:
+                code, text = response.status_code, response.text
+        except Exception as e:
+            raise _translate(e, "POST events") from e
+        if code >= 400:
+            raise KubeError(f"POST events: HTTP {code}: {text[:300]}")
 
     # --- EndpointSlices ---
 
