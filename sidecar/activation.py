@@ -5,8 +5,9 @@ requests' futures, the watches of the router's ModelPools and of the member Serv
 EndpointSlices (through a `KubePort`, implemented by `sidecar.kube`), the compare-and-swap
 writes and re-reads, the timer that wakes the machine at its next deadline, the metrics,
 and the Events on the pools (`sidecar.events` decides which, an `EventReporter` posts them
-in the background). The proxy only sees `Activation.acquire`: a context manager that yields where to
-send a request once its member is resident, and spans the request while it runs.
+in the background). The proxy only sees `Activation.acquire`: a context manager that
+yields where to send a request once its member is resident, and spans the request while
+it runs.
 """
 
 from __future__ import annotations
