@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
-PURE = ("activator.py", "retry_after.py", "endpoints.py")
+PURE = ("activator.py", "retry_after.py", "endpoints.py", "events.py")
 IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
 
 
