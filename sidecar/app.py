@@ -139,6 +139,8 @@ class Proxy:
         def first_chunk() -> None:
             self._metrics.first_byte(backend.name, self._clock() - started)
 
+        slots, session = request.app[upstream.SLOTS], request.app[upstream.SESSION]
+
         # A request that never reached a live server (the endpoint refused the connection,
         # or died with it half-open) is re-verified and dispatched once more through the
         # activator, which holds it until the member is ready again: the client sees no
@@ -146,12 +148,14 @@ class Proxy:
         for attempt in (1, 2):
             try:
                 async with self._activation.acquire(backend) as target:
+                    endpoint = target.base_url
                     try:
-                        async with request.app[upstream.SLOTS].slot(target.base_url):
+                        await slots.acquire(endpoint)
+                        try:
                             return await upstream.forward(
                                 request,
-                                request.app[upstream.SESSION],
-                                url=target.base_url.rstrip("/") + request.path_qs,
+                                session,
+                                url=endpoint.rstrip("/") + request.path_qs,
                                 body=body,
                                 headers=headers,
                                 connect_timeout=self._connect_timeout,
@@ -160,6 +164,8 @@ class Proxy:
                                 read_timeout=live.config.response_header_timeout_seconds,
                                 on_first_chunk=first_chunk,
                             )
+                        finally:
+                            slots.release(endpoint)
                     except Exception as e:
                         err = errors.translate(e, backend.name)
                         if err.kind is None:

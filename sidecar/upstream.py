@@ -8,7 +8,9 @@ into a `StreamResponse`, so server-sent events reach the client as the model emi
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -28,53 +30,64 @@ MAX_IN_FLIGHT_PER_ENDPOINT = 1024
 class EndpointSlots:
     """At most `limit` requests in flight to each upstream endpoint; the rest wait here.
 
-    Waiting on a semaphore costs microseconds, whereas a request parked in aiohttp's
-    connector pool has already paid for building itself: when a swap releases thousands
-    of held requests in one loop iteration, only `limit` of them do that work (and start
-    connect timers) at once, so the timers are not starved by the others.
+    Waiting here costs microseconds, whereas a request parked in aiohttp's connector pool
+    has already paid for building itself: when a swap releases thousands of held requests
+    in one loop iteration, only `limit` of them do that work (and start connect timers)
+    at once, so the timers are not starved by the others.
+
+    Paid on every proxied request, so the free path is a counter and no object: waiters
+    (first come, first served) exist only while an endpoint is at its limit, and an
+    endpoint is forgotten once unused, as pod addresses come and go.
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._slots: dict[str, _Slot] = {}
+        self._busy: dict[str, int] = {}
+        self._waiters: dict[str, collections.deque[asyncio.Future[None]]] = {}
 
-    def slot(self, endpoint: str) -> _Slot:
-        """`async with slots.slot(endpoint):` around one upstream call."""
-        entry = self._slots.get(endpoint)
-        if entry is None:
-            entry = self._slots[endpoint] = _Slot(self, endpoint, asyncio.Semaphore(self._limit))
-        return entry
+    def __len__(self) -> int:
+        """How many endpoints have a request in flight or waiting."""
+        return len(self._busy)
 
-    def _forget(self, endpoint: str) -> None:
-        del self._slots[endpoint]
-
-
-class _Slot:
-    """One endpoint's semaphore and how many requests use or await it; forgotten once
-    unused, as pod addresses come and go."""
-
-    def __init__(self, owner: EndpointSlots, endpoint: str, semaphore: asyncio.Semaphore):
-        self._owner = owner
-        self._endpoint = endpoint
-        self._semaphore = semaphore
-        self._users = 0
-
-    async def __aenter__(self) -> None:
-        self._users += 1
+    async def acquire(self, endpoint: str) -> None:
+        """Take a slot of `endpoint`; give it back with `release` (try/finally)."""
+        busy = self._busy.get(endpoint, 0)
+        if busy < self._limit and endpoint not in self._waiters:
+            self._busy[endpoint] = busy + 1
+            return
+        waiters = self._waiters.setdefault(endpoint, collections.deque())
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(future)
         try:
-            await self._semaphore.acquire()
-        except BaseException:
-            self._leave()
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(endpoint)  # handed a slot just as it was cancelled
+            else:
+                with contextlib.suppress(ValueError):  # already skipped by `release`
+                    waiters.remove(future)
+                self._tidy(endpoint)
             raise
 
-    async def __aexit__(self, *exc: object) -> None:
-        self._semaphore.release()
-        self._leave()
+    def release(self, endpoint: str) -> None:
+        waiters = self._waiters.get(endpoint)
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():  # a cancelled waiter is skipped
+                # The slot passes to the next waiter: the count stays as it is.
+                future.set_result(None)
+                self._tidy(endpoint)
+                return
+        self._busy[endpoint] -= 1
+        self._tidy(endpoint)
 
-    def _leave(self) -> None:
-        self._users -= 1
-        if self._users == 0:
-            self._owner._forget(self._endpoint)
+    def _tidy(self, endpoint: str) -> None:
+        waiters = self._waiters.get(endpoint)
+        if waiters is not None and not waiters:
+            del self._waiters[endpoint]
+            waiters = None
+        if waiters is None and self._busy.get(endpoint) == 0:
+            del self._busy[endpoint]
 
 
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
@@ -180,20 +193,18 @@ async def forward(
     Errors before the response starts are aiohttp's own and propagate (the caller
     translates them into an error answer); after it has started they end the relay.
     """
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=connect_timeout, sock_read=read_timeout
-    )
     async with session.request(
         request.method,
         url,
         data=body,
         headers=headers,
-        timeout=timeout,
+        timeout=_timeout(connect_timeout, read_timeout),
         allow_redirects=False,
     ) as upstream:
         # A body of known length is one whole answer: its headers go out with its first
         # bytes. Anything else (SSE, chunked) gets its headers at once.
-        kind = web.StreamResponse if upstream.content_length is None else _WholeResponse
+        length = upstream.content_length
+        kind = web.StreamResponse if length is None else _WholeResponse
         response = kind(
             status=upstream.status,
             reason=upstream.reason,
@@ -203,31 +214,74 @@ async def forward(
             await response.prepare(request)
         except ConnectionError:
             return Relay(response, client_gone=True)
-        first = True
-        while True:
-            try:
-                chunk, end_of_chunk = await upstream.content.readchunk()
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-                return _broken(request, response, "disconnect", e)
-            except TimeoutError as e:
-                return _broken(request, response, "timeout", e)
-            if not chunk and end_of_chunk:
-                continue  # an HTTP chunk boundary with no new data
-            if first:
-                on_first_chunk()
-                first = False
-            if not chunk:
-                break  # end of body
-            try:
-                await response.write(chunk)
-            except ConnectionError:
-                # The client went away; leaving the block closes the upstream call too.
-                return Relay(response, client_gone=True)
+        if length is not None and length <= WHOLE_REPLY_BYTES:
+            return await _relay_whole(request, upstream, response, on_first_chunk)
+        return await _relay_chunks(request, upstream, response, on_first_chunk)
+
+
+# A reply of known length up to this size is read in one call and written in one: a
+# typical JSON answer arrives in one segment, so this is what streaming it would send,
+# for fewer turns of the loop. Anything longer, or of unknown length, streams.
+WHOLE_REPLY_BYTES = 64 * 1024
+
+
+@functools.lru_cache(maxsize=16)
+def _timeout(connect_timeout: float, read_timeout: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+
+
+async def _relay_whole(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    on_first_chunk: Callable[[], None],
+) -> Relay:
+    try:
+        whole = await upstream.read()
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+        return _broken(request, response, "disconnect", e)
+    except TimeoutError as e:
+        return _broken(request, response, "timeout", e)
+    on_first_chunk()
+    try:
+        await response.write_eof(whole)
+    except ConnectionError:
+        return Relay(response, client_gone=True)
+    return Relay(response)
+
+
+async def _relay_chunks(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    on_first_chunk: Callable[[], None],
+) -> Relay:
+    """Each chunk to the client as soon as it is read."""
+    first = True
+    while True:
         try:
-            await response.write_eof()
+            chunk, end_of_chunk = await upstream.content.readchunk()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            return _broken(request, response, "disconnect", e)
+        except TimeoutError as e:
+            return _broken(request, response, "timeout", e)
+        if not chunk and end_of_chunk:
+            continue  # an HTTP chunk boundary with no new data
+        if first:
+            on_first_chunk()
+            first = False
+        if not chunk:
+            break  # end of body
+        try:
+            await response.write(chunk)
         except ConnectionError:
+            # The client went away; leaving the block closes the upstream call too.
             return Relay(response, client_gone=True)
-        return Relay(response)
+    try:
+        await response.write_eof()
+    except ConnectionError:
+        return Relay(response, client_gone=True)
+    return Relay(response)
 
 
 async def reachable(base_url: str, connect_timeout: float) -> bool:

@@ -371,11 +371,14 @@ async def test_endpoint_slots_bound_in_flight_per_endpoint_and_forget_idle_ones(
     gate = asyncio.Event()
 
     async def one(endpoint: str) -> None:
-        async with slots.slot(endpoint):
+        await slots.acquire(endpoint)
+        try:
             running[endpoint] += 1
             peak[endpoint] = max(peak[endpoint], running[endpoint])
             await gate.wait()
             running[endpoint] -= 1
+        finally:
+            slots.release(endpoint)
 
     tasks = [asyncio.create_task(one("a")) for _ in range(5)]
     tasks.append(asyncio.create_task(one("b")))
@@ -383,4 +386,44 @@ async def test_endpoint_slots_bound_in_flight_per_endpoint_and_forget_idle_ones(
     gate.set()
     await asyncio.gather(*tasks)
     assert peak == {"a": 2, "b": 1}
-    assert slots._slots == {}
+    assert len(slots) == 0
+
+
+async def test_endpoint_slots_serve_waiters_in_order_and_skip_cancelled_ones() -> None:
+    slots = EndpointSlots(1)
+    await slots.acquire("a")  # the one slot is taken
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        await slots.acquire("a")
+        order.append(i)
+
+    first, second, third = (asyncio.create_task(wait(i)) for i in (1, 2, 3))
+    await _until(lambda: len(slots._waiters.get("a", ())) == 3)
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    slots.release("a")
+    await first
+    slots.release("a")
+    await third
+    assert order == [1, 3]
+    slots.release("a")
+    assert len(slots) == 0
+    await slots.acquire("a")  # the slot is free again, at once
+    slots.release("a")
+
+
+async def test_endpoint_slots_pass_on_a_slot_handed_to_a_waiter_cancelled_meanwhile() -> None:
+    slots = EndpointSlots(1)
+    await slots.acquire("a")
+    waiter = asyncio.create_task(slots.acquire("a"))
+    behind = asyncio.create_task(slots.acquire("a"))
+    await _until(lambda: len(slots._waiters.get("a", ())) == 2)
+    slots.release("a")  # hands the slot to `waiter`...
+    waiter.cancel()  # ...which is cancelled before it runs: the slot goes on to `behind`
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await asyncio.wait_for(behind, 5)
+    slots.release("a")
+    assert len(slots) == 0
