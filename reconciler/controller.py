@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,8 @@ SERVER = "ModelServer"
 POOL = "ModelPool"
 ROUTER = "ModelRouter"
 MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+MEMBER_NOT_FOUND = "MemberNotFound"
+WAITING_FOR_MEMBERS = "WaitingForMembers"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,18 @@ def covers(desired: Any, live: Any) -> bool:
     if isinstance(desired, bool) or isinstance(live, bool):
         return bool(desired == live)
     return str(desired) == str(live)
+
+
+async def _quietly(work: Callable[[], Awaitable[None]]) -> None:
+    """Run `work()`, logging what it raised: a background task is never left with an
+    exception nobody retrieves (and a task cancelled before it ran leaves no coroutine
+    that was never awaited)."""
+    try:
+        await work()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("background task failed")
 
 
 def _pod_active(pod: Mapping[str, Any]) -> bool:
@@ -144,7 +159,12 @@ class Controller:
         }
         self.pool_states: dict[tuple[str, str], s.PoolState] = {}
         self._idle_results: dict[tuple[str, str], list[s.IdleResult]] = defaultdict(list)
+        # Idle probes and Events run beside the reconciles: a swap's next step never
+        # waits for an Event to be posted.
         self._probes: set[asyncio.Task[None]] = set()
+        # The last metadata.generation seen per (kind, namespace, name): a change of
+        # status alone leaves it as it is.
+        self._generations: dict[tuple[str, str, str], Any] = {}
         self.ready = asyncio.Event()
 
     # Watch events to keys
@@ -171,17 +191,42 @@ class Controller:
                 found.append(_meta(r)["name"])
         return found
 
-    def _on_server(self, _type: str, obj: dict[str, Any]) -> None:
+    def _status_only(self, kind: str, type_: str, obj: Mapping[str, Any]) -> bool:
+        """Whether a watch event changed no more than the object's status (its
+        generation, which counts spec changes, is the one seen before)."""
         ns, name = k.key_of(obj)
+        key = (kind, ns, name)
+        seen = self._generations.get(key)
+        if type_ == "DELETED":
+            self._generations.pop(key, None)
+            return False
+        generation = _meta(obj).get("generation")
+        self._generations[key] = generation
+        return type_ == "MODIFIED" and seen is not None and seen == generation
+
+    def _on_server(self, type_: str, obj: dict[str, Any]) -> None:
+        ns, name = k.key_of(obj)
+        if self._status_only(SERVER, type_, obj):
+            # A server's status (ours) shows in its routers' status; the server itself
+            # and its pool read only its spec and its pods.
+            for router in self._routers_of(ns, [name]):
+                self._add(ROUTER, ns, router)
+            return
         self._add(SERVER, ns, name)
         for pool in self._pools_of(ns, name):
             self._add(POOL, ns, pool)
         for router in self._routers_of(ns, [name]):
             self._add(ROUTER, ns, router)
 
-    def _on_pool(self, _type: str, obj: dict[str, Any]) -> None:
+    def _on_pool(self, type_: str, obj: dict[str, Any]) -> None:
         ns, name = k.key_of(obj)
         self._add(POOL, ns, name)
+        if self._status_only(POOL, type_, obj):
+            # A router's request or our own status write: only the pool's swap reads
+            # that. Members are scaled by the swap's actions and by `_wake_members`;
+            # routers and other pools read the spec. During a swap this keeps the
+            # reconciler from re-rendering every member and router on each status write.
+            return
         # membership decides other pools' validity (a member in two pools) and routers' config
         for other in self.pools.items(ns):
             self._add(POOL, ns, _meta(other)["name"])
@@ -458,7 +503,7 @@ class Controller:
     def _pool_problem(self, spec: ModelPoolSpec) -> s.Problem | None:
         missing = [m for m in spec.member_names if self.servers.get(spec.namespace, m) is None]
         if missing:
-            return s.Problem("MemberNotFound", "ModelServer not found: " + ", ".join(missing))
+            return s.Problem(MEMBER_NOT_FOUND, "ModelServer not found: " + ", ".join(missing))
         shared = []
         for m in spec.member_names:
             others = [p for p in self._pools_of(spec.namespace, m) if p != spec.name]
@@ -475,6 +520,21 @@ class Controller:
         if invalid:
             return s.Problem("InvalidMember", "; ".join(invalid))
         return None
+
+    def _maybe_pending(self, body: Mapping[str, Any], problem: s.Problem) -> s.Problem:
+        """A pool in its first seconds whose members are not seen yet is in progress, not
+        stalled: applied together with them, it may reach the reconciler first. It is
+        looked at again when a member appears, and once those seconds are over."""
+        meta = _meta(body)
+        created = parse(meta.get("creationTimestamp"))
+        settle = self.settings.swap.standalone_settle_seconds
+        age = self.clock() - created if created is not None else settle
+        if age >= settle:
+            return problem
+        self.queue.add_after(Key(POOL, str(meta.get("namespace")), str(meta.get("name"))),
+                             settle - age)
+        message = problem.message.replace("ModelServer not found", "waiting for ModelServer")
+        return s.Problem(WAITING_FOR_MEMBERS, message, pending=True)
 
     def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
         pods: dict[str, int] = {}
@@ -518,8 +578,11 @@ class Controller:
                 priorities={m.name: m.priority for m in spec.members},
             )
             problem = self._pool_problem(spec)
+            if problem is not None and problem.reason == MEMBER_NOT_FOUND:
+                problem = self._maybe_pending(body, problem)
         now = self.clock()
-        state = self.pool_states.get(key)
+        previous = self.pool_states.get(key)
+        state = previous
         if state is None:
             state = pool_status.restore(config, generation, status)
         events: list[s.Event] = [
@@ -541,15 +604,45 @@ class Controller:
             if isinstance(action, recorded):
                 await self._execute(namespace, name, body, action, logger)
         self.metrics.set_resident(namespace, name, config.members, state.resident)
-        # Then status (the intent, persisted), then the scaling, requests and Events.
+        # Then what the swap waits on, at once: an idle probe, a scale. The swap's order
+        # lives in the state machine (a target is scaled up only in the step that saw
+        # the incumbent's pods gone), so the status write need not come first; should
+        # the reconciler die between the two, the status it restores from is one step
+        # behind and the swap resumes from there (at worst draining the incumbent again).
+        first = (s.ProbeIdle, s.Scale)
+        for action in actions:
+            if isinstance(action, first):
+                await self._execute(namespace, name, body, action, logger)
+        self._wake_members(namespace, previous, state, actions)
+        # Then status, then cleared requests (after lastSwap, which is how routers learn
+        # of an abandoned swap) and Events.
         owned = pool_status.pool_status(state, status, now)
         await self._patch_status(self.pools, body, pool_status.status_patch(owned, status))
         for action in actions:
-            if not isinstance(action, recorded):
+            if not isinstance(action, (*recorded, *first)):
                 await self._execute(namespace, name, body, action, logger)
         wake = s.next_wakeup(state)
         if wake is not None:
             self.queue.add_after(Key(POOL, namespace, name), max(0.0, wake - self.clock()))
+
+    def _wake_members(self, namespace: str, previous: s.PoolState | None,
+                      state: s.PoolState, actions: Sequence[s.Action]) -> None:
+        """Reconcile the members whose wanted replicas changed in this step without a
+        Scale action of their own (a pool first seen, a problem fixed): a status write
+        of the pool no longer wakes every member."""
+        after = s.desired_replicas(state)
+        if after is None:
+            return
+        before = s.desired_replicas(previous) if previous is not None else None
+        scaled = {a.member for a in actions if isinstance(a, s.Scale)}
+        for member, replicas in after.items():
+            if member not in scaled and (before is None or before.get(member) != replicas):
+                self._add(SERVER, namespace, member)
+
+    def _background(self, work: Callable[[], Awaitable[None]], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(_quietly(work), name=name)
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     async def _execute(self, namespace: str, pool: str, body: Mapping[str, Any],
                        action: s.Action, logger: ObjectLogger) -> None:
@@ -562,7 +655,10 @@ class Controller:
         elif isinstance(action, s.ClearRequest):
             await self._clear_request(namespace, pool, action.generation, logger)
         elif isinstance(action, s.EmitEvent):
-            await logger.event(action.type, action.reason, action.message)
+            # posted beside the reconcile: the swap's next step does not wait for it
+            self._background(
+                functools.partial(logger.event, action.type, action.reason, action.message),
+                f"event-{action.reason}")
         elif isinstance(action, s.RecordSwap):
             m.swap_done(namespace, pool, action.from_, action.to, action.duration, action.phases)
         elif isinstance(action, s.RecordFailure):

@@ -127,7 +127,12 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
     reconciling = None
     if swap is not None:
         reconciling = ("Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
-    stalled = (state.problem.reason, state.problem.message) if state.problem else None
+    problem = state.problem
+    stalled = None
+    if problem is not None and problem.pending:
+        reconciling = (problem.reason, problem.message)
+    elif problem is not None:
+        stalled = (problem.reason, problem.message)
     found = cond.kstatus(ready=ready, reconciling=reconciling, stalled=stalled)
     if swap is not None and swap.deferral is not None:
         found.append(cond.Condition(cond.SWAP_DEFERRED, True, swap.deferral.reason,

@@ -96,10 +96,16 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class Problem:
-    """Why the spec cannot be acted on (a Stalled condition)."""
+    """Why the spec cannot be acted on (a Stalled condition).
+
+    A `pending` problem is one expected to pass on its own: a pool applied together with
+    its members (kubectl apply -k, a GitOps sync) may reach the reconciler a moment before
+    them. Nothing is scaled then either, but the pool is in progress (Cold, Reconciling),
+    not Degraded and Stalled, and no Warning is posted."""
 
     reason: str
     message: str
+    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -316,7 +322,7 @@ def visible_swap(state: PoolState) -> Swap | None:
 
 def phase_of(state: PoolState) -> str:
     """The pool's phase: Cold, Ready, Swapping or Degraded."""
-    if state.problem is not None:
+    if state.problem is not None and not state.problem.pending:
         return "Degraded"
     if visible_swap(state) is not None:
         return "Swapping"
@@ -333,9 +339,10 @@ def phase_of(state: PoolState) -> str:
 def _apply(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
     if isinstance(event, SpecObserved):
         actions: list[Action] = []
-        if event.problem is not None and event.problem != state.problem:
+        if (event.problem is not None and not event.problem.pending
+                and event.problem != state.problem):
             actions.append(EmitEvent("Warning", event.problem.reason, event.problem.message))
-        elif event.problem is None and state.problem is not None:
+        elif event.problem is None and state.problem is not None and not state.problem.pending:
             actions.append(EmitEvent("Normal", "SpecValid", "the pool's spec is valid again"))
         resident = state.resident
         if resident is not None and resident not in event.config.members:

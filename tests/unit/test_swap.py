@@ -400,3 +400,23 @@ def test_a_higher_priority_member_does_not_wait_out_min_residency() -> None:
     state, actions = s.step(state, RequestObserved(Request("b", 2)), 11.0)
     assert actions == [ProbeIdle("a")]
     assert state.swap is not None and state.swap.deferral is None
+
+
+def test_members_not_seen_yet_keep_a_new_pool_cold_until_they_come_or_time_is_up() -> None:
+    cold = PoolState(config=CONFIG, observed=pods())
+    pending = Problem("WaitingForMembers", "waiting for ModelServer: b", pending=True)
+    state, actions = s.step(cold, SpecObserved(CONFIG, 1, pending), 1.0)
+    assert actions == []  # no Warning for what is expected to pass
+    assert s.phase_of(state) == "Cold"
+    assert s.desired_replicas(state) is None  # and nothing is scaled meanwhile
+    # the members came: no "valid again" Event, the default loads
+    arrived, actions = s.step(state, SpecObserved(CONFIG, 1, None), 2.0)
+    assert arrived.swap is not None and arrived.swap.to == "a"
+    assert kinds(actions, EmitEvent) == [
+        EmitEvent("Normal", "SwapStarted", "swapping (none) -> a for the pool's default")]
+    assert Scale("a", 1) in actions
+    # they did not come in time: now a problem proper, announced once
+    missing = Problem("MemberNotFound", "ModelServer not found: b")
+    stalled, actions = s.step(state, SpecObserved(CONFIG, 1, missing), 4.0)
+    assert actions == [EmitEvent("Warning", "MemberNotFound", "ModelServer not found: b")]
+    assert s.phase_of(stalled) == "Degraded"

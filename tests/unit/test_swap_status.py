@@ -87,3 +87,20 @@ def test_the_patch_is_empty_when_nothing_changed_and_deletes_what_went() -> None
     assert patch["swap"] is None
     assert patch["phase"] == "Ready"
     assert "residentMember" not in patch
+
+
+def test_a_new_pool_waiting_for_its_members_is_in_progress_not_stalled() -> None:
+    pending = s.Problem("WaitingForMembers", "waiting for ModelServer: b", pending=True)
+    state = s.PoolState(config=CONFIG, generation=1, problem=pending,
+                        observed=s.MemberPods())
+    status = ps.pool_status(state, None, T0)
+    assert status["phase"] == "Cold"
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Reconciling"] == ("True", "WaitingForMembers")
+    assert conditions["Stalled"] == ("False", "Valid")
+    assert conditions["Ready"][0] == "False"
+    stalled = replace(state, problem=s.Problem("MemberNotFound", "ModelServer not found: b"))
+    status = ps.pool_status(stalled, None, T0)
+    assert status["phase"] == "Degraded"
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Stalled"] == ("True", "MemberNotFound")

@@ -1,0 +1,260 @@
+"""The swap's shell (`reconciler.controller`) over a fake of our own `Kube` port: the
+order in which a pool's reconcile performs what the state machine decided, and which
+keys a watch event wakes.
+
+What a swap waits on goes first: the target's scale-up is sent before the pool's status
+write, an idle probe starts before it, and an Event never holds the next step back. A
+status-only change of a pool (a router's request, our own write) wakes only the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from reconciler import swap as s
+from reconciler.controller import POOL, ROUTER, SERVER, Controller, Key
+from reconciler.idle import IdleCheck
+from reconciler.kube import Kube, Resource
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.render import Renderer
+from reconciler.settings import Settings
+from reconciler.workqueue import WorkQueue
+
+pytestmark = pytest.mark.unit
+
+NS = "ns"
+GROUP = "modelpool.dev/v1alpha1"
+NOW = 1_000_000.0
+
+
+class FakeKube(Kube):
+    """Records every write in order, as it completes; Events can be held back to prove
+    nobody waits for them."""
+
+    def __init__(self) -> None:
+        super().__init__(api=None)
+        self.calls: list[tuple[str, str, str]] = []
+        self.release_events = asyncio.Event()
+        self.release_events.set()
+
+    def _echo(self, body: Any, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        meta = {"namespace": namespace, "name": name, "resourceVersion": str(len(self.calls))}
+        if isinstance(body, dict):
+            return {**body, "kind": kind, "metadata": {**(body.get("metadata") or {}), **meta}}
+        return {"kind": kind, "metadata": meta}
+
+    async def apply(self, body: Any, *, force: bool = True) -> dict[str, Any]:
+        meta = body["metadata"]
+        self.calls.append(("apply", body["kind"], meta["name"]))
+        return self._echo(body, body["kind"], meta["namespace"], meta["name"])
+
+    async def merge_patch_status(self, resource: Resource, namespace: str, name: str,
+                                 status: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)  # a write takes a while: what runs beside it runs now
+        self.calls.append(("status", resource.kind, name))
+        return self._echo({"status": dict(status)}, resource.kind, namespace, name)
+
+    async def post_event(self, involved: Any, *, type_: str, reason: str, message: str,
+                         now: float, instance: str) -> None:
+        await self.release_events.wait()
+        self.calls.append(("event", reason, involved["metadata"]["name"]))
+
+
+class FakeProbe:
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+
+    async def probe(self, check: IdleCheck, addresses: Sequence[tuple[str, int]]
+                    ) -> tuple[s.Verdict, str]:
+        self.kube.calls.append(("probe", str(check.method), ",".join(a for a, _ in addresses)))
+        return s.Verdict.IDLE, ""
+
+
+def server(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP, "kind": "ModelServer",
+        "metadata": {"namespace": NS, "name": name, "uid": f"uid-{name}", "generation": 1,
+                     "creationTimestamp": "2026-11-30T10:00:00Z"},
+        "spec": {"runtime": "llamacpp", "image": "modelpool/fake-model:test",
+                 "model": f"/models/{name}.gguf", "resources": {"gpu": 1}},
+    }
+
+
+def pool_body(status: dict[str, Any] | None = None, generation: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP, "kind": "ModelPool",
+        "metadata": {"namespace": NS, "name": "slot", "uid": "uid-slot",
+                     "generation": generation, "resourceVersion": "1"},
+        "spec": {"members": [{"name": "a"}, {"name": "b"}], "default": "a",
+                 "swapBudget": "300s"},
+        "status": status or {},
+    }
+
+
+def router_body() -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP, "kind": "ModelRouter",
+        "metadata": {"namespace": NS, "name": "chat", "uid": "uid-chat", "generation": 1},
+        "spec": {"backends": [{"name": m, "modelServerRef": {"name": m}} for m in "ab"],
+                 "defaultRoute": "a"},
+    }
+
+
+def pod(member: str, ready: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": NS, "name": f"{member}-1",
+                     "labels": {"modelpool.dev/model-server": member}},
+        "spec": {"nodeName": "node"},
+        "status": {"phase": "Running", "podIP": "127.1.0.9",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def controller(kube: FakeKube, pods: Sequence[dict[str, Any]] = ()) -> Controller:
+    c = Controller(kube, Settings(namespace=NS), ReconcilerMetrics(CollectorRegistry()),
+                   Renderer(), FakeProbe(kube), clock=lambda: NOW)
+    for name in ("a", "b"):
+        c.servers.cache[(NS, name)] = server(name)
+    c.pools.cache[(NS, "slot")] = pool_body()
+    c.routers.cache[(NS, "chat")] = router_body()
+    for p in pods:
+        c.pods.cache[(NS, p["metadata"]["name"])] = p
+    return c
+
+
+def config() -> s.PoolConfig:
+    return s.PoolConfig(members=("a", "b"), default="a", swap_budget=300.0)
+
+
+def queued(c: Controller) -> set[Key]:
+    keys = set()
+    while len(c.queue):
+        key = c.queue._queue.popleft()
+        c.queue._dirty.discard(key)
+        keys.add(key)
+    return keys
+
+
+def index(calls: list[tuple[str, str, str]], call: tuple[str, str, str]) -> int:
+    assert call in calls, (call, calls)
+    return calls.index(call)
+
+
+async def test_the_target_is_scaled_up_before_the_pool_status_is_written() -> None:
+    kube = FakeKube()
+    c = controller(kube)  # the incumbent's pods are gone
+    unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
+                       started=NOW - 1, phase_started=NOW - 1)
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, request=s.Request("b", 3), resident=None,
+        swap=unloading, observed=s.MemberPods(pods={"a": 1}))
+    await c.reconcile_pool(NS, "slot")
+    state = c.pool_states[(NS, "slot")]
+    assert state.swap is not None and state.swap.phase is s.Phase.LOADING
+    scale_up = index(kube.calls, ("apply", "Deployment", "b"))
+    assert scale_up < index(kube.calls, ("status", "ModelPool", "slot"))
+
+
+async def test_the_incumbent_is_scaled_down_before_the_pool_status_is_written() -> None:
+    kube = FakeKube()
+    c = controller(kube, [pod("a")])
+    c.deployments.cache[(NS, "a")] = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"namespace": NS, "name": "a", "resourceVersion": "1"},
+        "spec": {"replicas": 1}}
+    draining = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.DRAINING,
+                      started=NOW - 1, phase_started=NOW - 1, probe_in_flight=True)
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, request=s.Request("b", 3), resident="a",
+        resident_since=NOW - 60, swap=draining, observed=s.MemberPods(pods={"a": 1}))
+    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    await c.reconcile_pool(NS, "slot")
+    scale_down = index(kube.calls, ("apply", "Deployment", "a"))
+    assert scale_down < index(kube.calls, ("status", "ModelPool", "slot"))
+
+
+async def test_a_swap_probes_the_incumbent_without_waiting_for_its_status_or_event() -> None:
+    kube = FakeKube()
+    kube.release_events.clear()  # the API server never answers the Event
+    c = controller(kube, [pod("a")])
+    c.pools.cache[(NS, "slot")] = pool_body({
+        "phase": "Ready", "residentMember": "a", "residentSince": "2026-11-30T10:00:00Z",
+        "request": {"member": "b", "generation": 3}})
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, resident="a", resident_since=NOW - 60,
+        observed=s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, ready={"a": 1}))
+    await asyncio.wait_for(c.reconcile_pool(NS, "slot"), 5)
+    for _ in range(10):  # the probe runs in its own task
+        await asyncio.sleep(0)
+    probe = index(kube.calls, ("probe", "slots", "127.1.0.9"))
+    assert probe < index(kube.calls, ("status", "ModelPool", "slot"))
+    assert not any(call[0] == "event" for call in kube.calls)  # still held back
+    kube.release_events.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert ("event", "SwapStarted", "slot") in kube.calls
+    assert Key(POOL, NS, "slot") in queued(c)  # the probe's answer wakes the pool
+
+
+async def test_a_status_only_change_of_a_pool_wakes_only_the_pool() -> None:
+    c = controller(FakeKube())
+    c._on_pool("SYNC", pool_body())
+    assert queued(c) == {Key(POOL, NS, "slot"), Key(SERVER, NS, "a"), Key(SERVER, NS, "b"),
+                         Key(ROUTER, NS, "chat")}
+    c._on_pool("MODIFIED", pool_body({"request": {"member": "b", "generation": 1}}))
+    assert queued(c) == {Key(POOL, NS, "slot")}
+    c._on_pool("MODIFIED", pool_body(generation=2))  # the spec changed
+    assert queued(c) == {Key(POOL, NS, "slot"), Key(SERVER, NS, "a"), Key(SERVER, NS, "b"),
+                         Key(ROUTER, NS, "chat")}
+
+
+async def test_a_status_only_change_of_a_server_wakes_only_its_routers() -> None:
+    c = controller(FakeKube())
+    c.queue = WorkQueue()
+    c._on_server("ADDED", server("b"))
+    assert queued(c) == {Key(SERVER, NS, "b"), Key(POOL, NS, "slot"), Key(ROUTER, NS, "chat")}
+    c._on_server("MODIFIED", {**server("b"), "status": {"phase": "Ready"}})
+    assert queued(c) == {Key(ROUTER, NS, "chat")}
+
+
+async def test_a_pool_seen_for_the_first_time_wakes_the_members_it_wants_scaled() -> None:
+    # restored from status with `a` resident; a's Deployment was scaled to 0 meanwhile
+    kube = FakeKube()
+    c = controller(kube)
+    c.pools.cache[(NS, "slot")] = pool_body({
+        "phase": "Ready", "residentMember": "a", "residentSince": "2026-11-30T10:00:00Z"})
+    await c.reconcile_pool(NS, "slot")
+    assert {Key(SERVER, NS, "a"), Key(SERVER, NS, "b")} <= queued(c)
+    await c.reconcile_pool(NS, "slot")  # nothing changed: nothing woken
+    assert Key(SERVER, NS, "a") not in queued(c)
+
+
+@pytest.mark.parametrize(("age", "phase", "reason", "warned"), [
+    (1.0, "Cold", "WaitingForMembers", False),  # applied a moment ago, with its members
+    (60.0, "Degraded", "MemberNotFound", True),
+])
+async def test_a_pool_whose_member_is_missing_is_stalled_only_once_it_is_not_new(
+    age: float, phase: str, reason: str, warned: bool
+) -> None:
+    kube = FakeKube()
+    c = controller(kube)
+    del c.servers.cache[(NS, "b")]
+    body = pool_body()
+    body["metadata"]["creationTimestamp"] = time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - age))
+    c.pools.cache[(NS, "slot")] = body
+    await c.reconcile_pool(NS, "slot")
+    for _ in range(10):
+        await asyncio.sleep(0)
+    status = c.pools.cache[(NS, "slot")]["status"]
+    assert status["phase"] == phase
+    reasons = {x["type"]: x["reason"] for x in status["conditions"] if x["status"] == "True"}
+    assert reason in reasons.values()
+    assert (("event", "MemberNotFound", "slot") in kube.calls) is warned
