@@ -11,9 +11,9 @@ from typing import Any, cast
 import pytest
 
 from e2e.local.node_agent.allocation import Addresses, Devices
-from e2e.local.node_agent.kube import Kube
+from e2e.local.node_agent.kube import ApiError, Kube
 from e2e.local.node_agent.objects import ObjectCache
-from e2e.local.node_agent.settings import AgentSettings, ApiServer
+from e2e.local.node_agent.settings import AgentSettings, ApiServer, Timing
 from e2e.local.node_agent.worker import NodeState, PodWorker, WorkerContext
 
 pytestmark = pytest.mark.unit
@@ -71,3 +71,45 @@ async def test_a_failed_status_writer_fails_the_pod_at_once(tmp_path: Path) -> N
         worker.vanish()
         async with asyncio.timeout(10):
             await task
+
+
+class FlakyDeleteKube:
+    """The API server drops the first delete of the pod object (a ReadError under load)."""
+
+    def __init__(self) -> None:
+        self.deletes = 0
+
+    async def patch_pod_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        return None
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        return None
+
+    async def delete_pod_now(self, namespace: str, name: str, uid: str) -> None:
+        self.deletes += 1
+        if self.deletes == 1:
+            raise ApiError(0, "ReadError")
+
+
+async def test_a_failed_delete_of_the_pod_object_is_tried_again(tmp_path: Path) -> None:
+    kube = FlakyDeleteKube()
+    settings = AgentSettings(
+        kubeconfig="", node_name="local", gpus=1, state_dir=tmp_path, python="python3",
+        api_server=ApiServer("https://127.0.0.1:6443", ""), timing=Timing(poll_seconds=0.01),
+    )
+    context = WorkerContext(
+        settings=settings,
+        kube=cast(Kube, kube),
+        session=cast(Any, None),
+        node=NodeState(Devices(count=1), Addresses()),
+        objects=cast(ObjectCache, None),
+    )
+    meta = {"namespace": "ns", "name": "p", "uid": "u1"}
+    spec = {"containers": [{"name": "c", "image": "example/unknown:1"}]}
+    worker = PodWorker(context, {"metadata": meta, "spec": spec})
+    task = asyncio.create_task(worker.run())
+    worker.update({"metadata": {**meta, "deletionTimestamp": "2026-11-30T12:00:00Z"},
+                   "spec": spec})
+    async with asyncio.timeout(10):
+        await task
+    assert kube.deletes == 2  # once dropped, once done

@@ -166,10 +166,22 @@ class PodWorker:
             await asyncio.gather(*self.event_tasks, return_exceptions=True)
         if self.delete_when_stopped:
             self.log.info("processes stopped; deleting the pod object")
+            await self._delete_pod_object()
+
+    async def _delete_pod_object(self) -> None:
+        """Delete the pod object at once, as the kubelet does once the containers have
+        stopped. A failed delete is tried again with backoff: a pod left terminating
+        for ever would hold up whoever waits for it to go (a pool's swap, a namespace's
+        deletion). It stops when the pod is gone or the agent stops."""
+        delay = self.context.settings.timing.poll_seconds
+        while self.delete_when_stopped:
             try:
                 await self.context.kube.delete_pod_now(self.namespace, self.name, self.uid)
+                return
             except ApiError as error:
-                self.log.error("could not delete the pod: %s", error)
+                self.log.warning("could not delete the pod (again in %.1fs): %s", delay, error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def _run(self) -> None:
         node = self.context.node
