@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import logging
 import time
@@ -55,6 +56,8 @@ ROUTER = "ModelRouter"
 MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 MEMBER_NOT_FOUND = "MemberNotFound"
 WAITING_FOR_MEMBERS = "WaitingForMembers"
+# Rendered servers kept (a handful per server: its replicas 0 and 1, in a pool or not).
+RENDER_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ class Controller:
         # The last metadata.generation seen per (kind, namespace, name): a change of
         # status alone leaves it as it is.
         self._generations: dict[tuple[str, str, str], Any] = {}
+        self._rendered: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self.ready = asyncio.Event()
 
     # Watch events to keys
@@ -254,9 +258,11 @@ class Controller:
         server = _labels(obj).get(LABEL_SERVER)
         if not server:
             return
-        self._add(SERVER, ns, server)
+        # The pool first: a swap waiting for this pod to go (or to be Ready) takes its
+        # next step before the server's status is brought up to date.
         for pool in self._pools_of(ns, server):
             self._add(POOL, ns, pool)
+        self._add(SERVER, ns, server)
 
     # Running
 
@@ -410,6 +416,21 @@ class Controller:
             return wanted[spec.name]
         return live_replicas
 
+    def _render_server(self, spec: ModelServerSpec, replicas: int, owner_uid: str | None,
+                       pool: str | None) -> list[dict[str, Any]]:
+        """A server's objects, rendered once per (spec generation, replicas, pool): every
+        pod event reconciles its server, and a swap's scale-up should not wait for the
+        templates to be rendered again to the same output."""
+        key = (spec.namespace, spec.name, spec.uid, spec.generation, replicas, owner_uid, pool)
+        objects = self._rendered.get(key)
+        if objects is None:
+            objects = self.renderer.model_server(
+                spec, replicas=replicas, owner_uid=owner_uid, pool=pool)
+            if len(self._rendered) >= RENDER_CACHE_SIZE:
+                self._rendered.clear()
+            self._rendered[key] = objects
+        return copy.deepcopy(objects)
+
     async def reconcile_server(self, namespace: str, name: str) -> None:
         body = self.servers.get(namespace, name)
         if body is None:
@@ -426,9 +447,7 @@ class Controller:
         replicas = self._server_replicas(
             spec, pool, ambiguous, parse(meta.get("creationTimestamp"))
         )
-        objects = self.renderer.model_server(
-            spec, replicas=replicas, owner_uid=meta.get("uid"), pool=pool
-        )
+        objects = self._render_server(spec, replicas, meta.get("uid"), pool)
         for obj in objects:
             await self._apply(obj)
         await self._prune(SERVER_KINDS, namespace, (LABEL_SERVER, name), meta.get("uid"),

@@ -79,8 +79,10 @@ class FakeProbe:
 def server(name: str) -> dict[str, Any]:
     return {
         "apiVersion": GROUP, "kind": "ModelServer",
+        # newer than any echo of a status write, which carries no spec
         "metadata": {"namespace": NS, "name": name, "uid": f"uid-{name}", "generation": 1,
-                     "creationTimestamp": "2026-11-30T10:00:00Z"},
+                     "creationTimestamp": "2026-11-30T10:00:00Z",
+                     "resourceVersion": "1000000"},
         "spec": {"runtime": "llamacpp", "image": "modelpool/fake-model:test",
                  "model": f"/models/{name}.gguf", "resources": {"gpu": 1}},
     }
@@ -258,3 +260,44 @@ async def test_a_pool_whose_member_is_missing_is_stalled_only_once_it_is_not_new
     reasons = {x["type"]: x["reason"] for x in status["conditions"] if x["status"] == "True"}
     assert reason in reasons.values()
     assert (("event", "MemberNotFound", "slot") in kube.calls) is warned
+
+
+async def test_a_pod_event_wakes_the_pool_before_the_server() -> None:
+    c = controller(FakeKube())
+    c._on_pod("DELETED", pod("a"))
+    assert list(c.queue._queue) == [Key(POOL, NS, "slot"), Key(SERVER, NS, "a")]
+
+
+class CountingRenderer(Renderer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.renders = 0
+
+    def model_server(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        self.renders += 1
+        return super().model_server(*args, **kwargs)
+
+
+async def test_a_server_is_rendered_again_only_when_its_spec_or_scale_changed() -> None:
+    kube = FakeKube()
+    c = controller(kube)
+    renderer = CountingRenderer()
+    c.renderer = renderer
+    c.pool_states[(NS, "slot")] = s.PoolState(config=config(), resident="a",
+                                              observed=s.MemberPods())  # a wanted at 1
+    await c.reconcile_server(NS, "a")
+    await c.reconcile_server(NS, "a")
+    assert renderer.renders == 1
+    deployment = next(o for o in c.deployments.items(NS) if o["metadata"]["name"] == "a")
+    deployment["spec"]["replicas"] = 7  # what was applied is not what is cached
+    await c.reconcile_server(NS, "a")
+    assert renderer.renders == 1
+    assert kube.calls.count(("apply", "Deployment", "a")) == 2  # put back, from the cache
+    changed = server("a")
+    changed["metadata"]["generation"] = 2
+    changed["spec"]["args"] = ["--ctx-size", "4096"]
+    c.servers.cache[(NS, "a")] = changed
+    await c.reconcile_server(NS, "a")
+    assert renderer.renders == 2
+    applied = next(o for o in c.deployments.items(NS) if o["metadata"]["name"] == "a")
+    assert "4096" in str(applied["spec"]["template"]["spec"]["containers"][0]["args"])
