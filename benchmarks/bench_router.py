@@ -127,7 +127,7 @@ def fake_kube_router(argv: list[str]) -> None:
     once with `auto`): status names the new resident, then its EndpointSlice turns ready,
     and a line `ready <member> <monotonic>` goes to stdout.
     """
-    from sidecar.__main__ import serve
+    from sidecar.__main__ import run, serve
     from sidecar.activation import Activation, Changed, Listed, WatchEvent
     from sidecar.activator import PoolStatus, WriteRequest
     from sidecar.config import RouterConfig
@@ -228,7 +228,7 @@ def fake_kube_router(argv: list[str]) -> None:
     raise_fd_limit()
     settings = from_args(rest, os.environ)
     setup_logging("WARNING")
-    asyncio.run(serve(settings, make_activation))
+    run(serve(settings, make_activation))
 
 
 # --- processes ----------------------------------------------------------------------------

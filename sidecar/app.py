@@ -139,7 +139,8 @@ class Proxy:
         def first_chunk() -> None:
             self._metrics.first_byte(backend.name, self._clock() - started)
 
-        slots, session = request.app[upstream.SLOTS], request.app[upstream.SESSION]
+        slots, client = request.app[upstream.SLOTS], request.app[upstream.CLIENT]
+        read_timeout = live.config.response_header_timeout_seconds
 
         # A request that never reached a live server (the endpoint refused the connection,
         # or died with it half-open) is re-verified and dispatched once more through the
@@ -154,14 +155,13 @@ class Proxy:
                         try:
                             return await upstream.forward(
                                 request,
-                                session,
-                                url=endpoint.rstrip("/") + request.path_qs,
+                                client,
+                                base_url=endpoint,
                                 body=body,
                                 headers=headers,
-                                connect_timeout=self._connect_timeout,
-                                # Starts now, with the member resident: a hold never eats
-                                # into it.
-                                read_timeout=live.config.response_header_timeout_seconds,
+                                # Starts once the request is sent, with the member
+                                # resident: a hold never eats into it.
+                                read_timeout=read_timeout,
                                 on_first_chunk=first_chunk,
                             )
                         finally:
@@ -283,7 +283,7 @@ def make_app(
     proxy = Proxy(live, activation, metrics, connect_timeout=connect_timeout, clock=clock)
     app = web.Application()
     app[PROXY] = proxy
-    app.cleanup_ctx.append(upstream.session_context(connect_timeout))
+    app.cleanup_ctx.append(upstream.client_context(connect_timeout))
     for path in COMPLETION_PATHS:
         app.router.add_post(path, proxy.completions)
     app.router.add_get("/v1/models", proxy.models)

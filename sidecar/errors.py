@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 
-import aiohttp
 from aiohttp import web
 
+from sidecar import upstream
 from sidecar.activation import ActivationError
 
 # How much of an upstream's own words we echo back in a message.
@@ -88,7 +88,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code=exc.code,
             retry_after=exc.retry_after,
         )
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, upstream.ConnectTimedOut):
         return ProxyError(
             504,
             f"Timed out connecting to backend '{backend}'.",
@@ -96,7 +96,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_timeout",
             kind="connect_timeout",
         )
-    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors
+    if isinstance(exc, TimeoutError):  # upstream.ReadTimedOut among them
         return ProxyError(
             504,
             f"Backend '{backend}' did not answer in time.",
@@ -104,7 +104,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_timeout",
             kind="timeout",
         )
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, upstream.ConnectFailed):
         return ProxyError(
             502,
             f"Cannot connect to backend '{backend}': {_truncate(str(exc.os_error))}",
@@ -112,7 +112,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_connect_failed",
             kind="connect",
         )
-    if isinstance(exc, aiohttp.ClientError):
+    if isinstance(exc, upstream.UpstreamError):
         return ProxyError(
             502,
             f"Backend '{backend}' failed: {_truncate(str(exc) or type(exc).__name__)}",

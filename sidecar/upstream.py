@@ -1,8 +1,9 @@
 """The one place the router makes upstream HTTP calls.
 
-One `ClientSession` per application, created and closed in `cleanup_ctx`. Bodies pass
-through unchanged (no decompression, no re-encoding) and responses stream chunk by chunk
-into a `StreamResponse`, so server-sent events reach the client as the model emits them.
+One `Client` (keep-alive HTTP/1.1 connections per endpoint) per application, created and
+closed in `cleanup_ctx`. Bodies pass through unchanged (no decompression, no re-encoding)
+and responses stream chunk by chunk into a `StreamResponse`, so server-sent events reach
+the client as the model emits them.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import collections
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
-import aiohttp
+import httptools
 import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -90,7 +93,6 @@ class EndpointSlots:
             del self._busy[endpoint]
 
 
-SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
 SLOTS = web.AppKey("upstream_slots", EndpointSlots)
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones.
@@ -107,9 +109,42 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Set by the client library from the body it sends; never copied from the client.
+# Written by the client from the body it sends; never copied from the client.
 _REQUEST_OWN = frozenset({"host", "content-length"})
 _REQUEST_SKIP = HOP_BY_HOP | _REQUEST_OWN
+
+# An idle pooled connection older than this is closed rather than reused, so a request
+# rarely meets one the server is closing at the same moment (aiohttp's default).
+KEEPALIVE_SECONDS = 15.0
+# Past this much body read from the upstream and not yet written to the client, the
+# upstream is paused until the client catches up.
+_PAUSE_BYTES = 256 * 1024
+_RESUME_BYTES = 64 * 1024
+
+
+# --- what can go wrong (sidecar.errors translates these) ----------------------------------
+
+
+class UpstreamError(Exception):
+    """A call to an upstream failed."""
+
+
+class ConnectFailed(UpstreamError):
+    def __init__(self, address: str, os_error: OSError) -> None:
+        super().__init__(f"cannot connect to {address}: {os_error}")
+        self.os_error = os_error
+
+
+class ConnectTimedOut(UpstreamError):
+    pass
+
+
+class ReadTimedOut(UpstreamError, TimeoutError):
+    """No response bytes within the read timeout."""
+
+
+class Disconnected(UpstreamError):
+    """The connection closed, or carried something that is not an HTTP response."""
 
 
 @dataclass
@@ -123,44 +158,292 @@ class Relay:
     client_gone: bool = False
 
 
-def session_context(
+# --- the HTTP/1.1 client ------------------------------------------------------------------
+#
+# aiohttp's ClientSession spent about 240 us of CPU per proxied request on loopback (half
+# the router's), building request and response objects, a task for the body, cookie,
+# redirect and trace machinery the router never uses. What the router needs is small:
+# keep-alive connections per endpoint, one write per request, httptools (llhttp, C) to
+# parse the answer, and its body handed over chunk by chunk as it arrives.
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to an upstream; one exchange at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+        # Called if the server closes this connection while it waits in the pool.
+        self.on_idle_close: Callable[[_Connection], None] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0  # set once the final (non-1xx) head is in
+        self.reason = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.reusable = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._done = False
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._until_close = False
+        self._paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(Disconnected(f"not an HTTP response: {e}"))
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.reusable = False
+        if self.on_idle_close is not None:
+            self.on_idle_close(self)
+            self.on_idle_close = None
+        if self._done:
+            return
+        if self._until_close and self.status:
+            self._done = True  # a body without length ends with its connection
+            self._wake()
+        else:
+            self._fail(Disconnected(f"connection closed{f': {exc}' if exc else ''}"))
+
+    # httptools callbacks
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason = reason.decode("latin-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            self.headers = []  # an interim answer (100 Continue): the real one follows
+            return
+        self.status = status
+        self._until_close = not any(
+            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers
+        )
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _PAUSE_BYTES and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self.status:
+            return  # the end of an interim answer
+        self._done = True
+        self.reusable = self._parser.should_keep_alive()
+        self._wake()
+
+    # the exchange
+
+    def send(self, data: list[bytes]) -> None:
+        self._reset()
+        assert self.transport is not None
+        self.transport.writelines(data)
+
+    async def head(self, read_timeout: float) -> None:
+        """Until the response's status and headers are in."""
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            await self._wait(read_timeout)
+
+    async def chunk(self, read_timeout: float) -> bytes:
+        """The body read so far and not yet taken; b"" once it has all been taken."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+                self._chunks.clear()
+                self._buffered = 0
+                if self._paused and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self._done:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait(read_timeout)
+
+    async def whole(self, read_timeout: float) -> bytes:
+        """The rest of the body, once it has all arrived."""
+        parts = []
+        while chunk := await self.chunk(read_timeout):
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, read_timeout: float) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        timer = self._loop.call_later(read_timeout, _expire, waiter, read_timeout)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(ReadTimedOut(f"no answer within {timeout:g} s"))
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """What a request needs to know of a base URL, parsed once."""
+
+    host: str
+    port: int
+    ssl: bool
+    prefix: str  # the base URL's path without its trailing slash
+    host_header: bytes
+
+
+class Client:
+    """Keep-alive connections per upstream endpoint, reused most recent first."""
+
+    def __init__(self, connect_timeout: float, keepalive_seconds: float = KEEPALIVE_SECONDS):
+        self._connect_timeout = connect_timeout
+        self._keepalive = keepalive_seconds
+        self._idle: dict[_Endpoint, list[_Connection]] = {}
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    def endpoint(self, base_url: str) -> _Endpoint:
+        known = self._endpoints.get(base_url)
+        if known is None:
+            known = self._endpoints[base_url] = _parse_endpoint(base_url)
+            if len(self._endpoints) > 4096:  # pod addresses come and go
+                self._endpoints.clear()
+        return known
+
+    async def open(self, endpoint: _Endpoint) -> _Connection:
+        """A pooled connection to `endpoint`, or a new one."""
+        loop = asyncio.get_running_loop()
+        idle = self._idle.get(endpoint)
+        while idle:
+            conn = idle.pop()
+            conn.on_idle_close = None
+            if conn.transport is not None and loop.time() - conn.idle_since < self._keepalive:
+                return conn
+            conn.close()
+        if idle is not None:
+            del self._idle[endpoint]
+        address = f"{endpoint.host}:{endpoint.port}"
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop),
+                    endpoint.host,
+                    endpoint.port,
+                    ssl=self._ssl_context() if endpoint.ssl else None,
+                )
+        except TimeoutError as e:
+            raise ConnectTimedOut(f"connecting to {address} timed out") from e
+        except OSError as e:
+            raise ConnectFailed(address, e) from e
+        return conn
+
+    def done(self, endpoint: _Endpoint, conn: _Connection) -> None:
+        """Give `conn` back after a whole exchange, or close it if it cannot serve another."""
+        if conn.reusable and conn.transport is not None:
+            conn.idle_since = asyncio.get_running_loop().time()
+            self._idle.setdefault(endpoint, []).append(conn)
+            conn.on_idle_close = functools.partial(self._forget, endpoint)
+        else:
+            conn.close()
+
+    def _forget(self, endpoint: _Endpoint, conn: _Connection) -> None:
+        idle = self._idle.get(endpoint)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._idle[endpoint]
+
+    def idle(self) -> int:
+        """How many pooled connections wait for a request."""
+        return sum(len(idle) for idle in self._idle.values())
+
+    def close(self) -> None:
+        for idle in list(self._idle.values()):
+            for conn in idle:
+                conn.on_idle_close = None
+                conn.close()
+        self._idle.clear()
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+
+def _parse_endpoint(base_url: str) -> _Endpoint:
+    url = yarl.URL(base_url)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"not an http(s) URL: {base_url!r}")
+    host = url.raw_host or url.host  # punycode for a name, as it goes on the wire
+    authority = f"[{host}]" if ":" in host else host
+    if url.explicit_port is not None:
+        authority += f":{url.explicit_port}"
+    return _Endpoint(
+        host=host,
+        port=url.port or (443 if url.scheme == "https" else 80),
+        ssl=url.scheme == "https",
+        prefix=url.raw_path.rstrip("/"),
+        host_header=authority.encode("ascii"),
+    )
+
+
+CLIENT = web.AppKey("upstream_client", Client)
+
+
+def client_context(
     connect_timeout: float,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        session = aiohttp.ClientSession(
-            # Concurrency is bounded per endpoint by EndpointSlots, before this point.
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
-            # The default 300 s total would cut long generations; reads are bounded per call.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-            # Pass bytes as they are: the client negotiated the encoding, not us.
-            auto_decompress=False,
-            # Headers the library would invent; the client's own are forwarded instead.
-            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        app[SESSION] = session
+        client = app[CLIENT] = Client(connect_timeout)
         app[SLOTS] = EndpointSlots(MAX_IN_FLIGHT_PER_ENDPOINT)
         yield
-        await session.close()
+        client.close()
 
     return ctx
 
 
-def _without(
-    headers: CIMultiDictProxy[str], names: frozenset[str], more: frozenset[str]
-) -> CIMultiDict[str]:
-    """A copy of `headers` without `names`, `more`, and whatever `Connection` lists."""
-    # Copy, then pop: both run in multidict's C code, cheaper than filtering in Python.
-    out = CIMultiDict(headers)
-    listed = out.get("Connection")
-    for name in names:
-        out.popall(name, None)
-    for name in more:
-        out.popall(name, None)
-    if listed:
-        for token in listed.split(","):
-            out.popall(token.strip(), None)
-    return out
+# --- headers ------------------------------------------------------------------------------
 
 
 _NOTHING: frozenset[str] = frozenset()
@@ -168,55 +451,105 @@ _NOTHING: frozenset[str] = frozenset()
 
 def request_headers(
     headers: CIMultiDictProxy[str], *, drop: frozenset[str] = _NOTHING
-) -> CIMultiDict[str]:
-    """The client's headers minus hop-by-hop ones and any in `drop`."""
-    return _without(headers, _REQUEST_SKIP, drop)
+) -> bytes:
+    """The client's header lines minus hop-by-hop ones and any in `drop`, ready to send."""
+    listed = _connection_tokens(headers.getall("Connection", ()))
+    lines = []
+    for name, value in headers.items():
+        low = name.lower()
+        if low in _REQUEST_SKIP or low in drop or low in listed:
+            continue
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines).encode("utf-8", "surrogateescape")
 
 
-def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    return _without(headers, HOP_BY_HOP, _NOTHING)
+def response_headers(raw: list[tuple[bytes, bytes]]) -> CIMultiDict[str]:
+    """The upstream's headers minus hop-by-hop ones and whatever `Connection` lists."""
+    out: CIMultiDict[str] = CIMultiDict()
+    connection: list[str] = []
+    for name, value in raw:
+        key = name.decode("latin-1")
+        text = value.decode("utf-8", "surrogateescape")
+        low = key.lower()
+        if low in HOP_BY_HOP:
+            if low == "connection":
+                connection.append(text)
+            continue
+        out.add(key, text)
+    for token in _connection_tokens(connection):
+        out.popall(token, None)
+    return out
+
+
+def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(
+        token.strip().lower() for value in values for token in value.split(",") if token.strip()
+    )
+
+
+# --- the relay ----------------------------------------------------------------------------
 
 
 async def forward(
     request: web.Request,
-    session: aiohttp.ClientSession,
+    client: Client,
     *,
-    url: str,
+    base_url: str,
     body: bytes,
-    headers: CIMultiDict[str],
-    connect_timeout: float,
+    headers: bytes,
     read_timeout: float,
     on_first_chunk: Callable[[], None],
 ) -> Relay:
-    """Send `body` to `url` and stream the answer back to the client of `request`.
+    """Send `body` to `base_url` + the request's path and stream the answer back to the
+    client of `request`.
 
-    Errors before the response starts are aiohttp's own and propagate (the caller
+    Errors before the response starts are `UpstreamError`s and propagate (the caller
     translates them into an error answer); after it has started they end the relay.
     """
-    async with session.request(
-        request.method,
-        url,
-        data=body,
-        headers=headers,
-        timeout=_timeout(connect_timeout, read_timeout),
-        allow_redirects=False,
-    ) as upstream:
+    endpoint = client.endpoint(base_url)
+    head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+        request.method.encode("ascii"),
+        endpoint.prefix.encode("ascii"),
+        request.raw_path.encode("utf-8", "surrogateescape"),
+        endpoint.host_header,
+        headers,
+        len(body),
+    )
+    conn = await client.open(endpoint)
+    finished = False
+    try:
+        conn.send([head, body] if len(body) > 16 * 1024 else [head + body])
+        # Starts now, with the member resident: a hold never eats into it.
+        await conn.head(read_timeout)
+        length = _content_length(conn.headers)
         # A body of known length is one whole answer: its headers go out with its first
         # bytes. Anything else (SSE, chunked) gets its headers at once.
-        length = upstream.content_length
         kind = web.StreamResponse if length is None else _WholeResponse
         response = kind(
-            status=upstream.status,
-            reason=upstream.reason,
-            headers=response_headers(upstream.headers),
+            status=conn.status, reason=conn.reason or None, headers=response_headers(conn.headers)
         )
         try:
             await response.prepare(request)
         except ConnectionError:
             return Relay(response, client_gone=True)
         if length is not None and length <= WHOLE_REPLY_BYTES:
-            return await _relay_whole(request, upstream, response, on_first_chunk)
-        return await _relay_chunks(request, upstream, response, on_first_chunk)
+            relay = await _relay_whole(request, conn, response, read_timeout, on_first_chunk)
+        else:
+            relay = await _relay_chunks(request, conn, response, read_timeout, on_first_chunk)
+        finished = relay.upstream_failure is None and not relay.client_gone
+        return relay
+    finally:
+        if finished:
+            client.done(endpoint, conn)
+        else:
+            conn.close()  # an answer may still be on its way: this connection is spent
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if len(name) == 14 and name.lower() == b"content-length":
+            return int(value)  # llhttp has checked it
+    return None
 
 
 # A reply of known length up to this size is read in one call and written in one: a
@@ -225,22 +558,18 @@ async def forward(
 WHOLE_REPLY_BYTES = 64 * 1024
 
 
-@functools.lru_cache(maxsize=16)
-def _timeout(connect_timeout: float, read_timeout: float) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
-
-
 async def _relay_whole(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    conn: _Connection,
     response: web.StreamResponse,
+    read_timeout: float,
     on_first_chunk: Callable[[], None],
 ) -> Relay:
     try:
-        whole = await upstream.read()
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+        whole = await conn.whole(read_timeout)
+    except Disconnected as e:
         return _broken(request, response, "disconnect", e)
-    except TimeoutError as e:
+    except ReadTimedOut as e:
         return _broken(request, response, "timeout", e)
     on_first_chunk()
     try:
@@ -252,21 +581,20 @@ async def _relay_whole(
 
 async def _relay_chunks(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    conn: _Connection,
     response: web.StreamResponse,
+    read_timeout: float,
     on_first_chunk: Callable[[], None],
 ) -> Relay:
     """Each chunk to the client as soon as it is read."""
     first = True
     while True:
         try:
-            chunk, end_of_chunk = await upstream.content.readchunk()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            chunk = await conn.chunk(read_timeout)
+        except Disconnected as e:
             return _broken(request, response, "disconnect", e)
-        except TimeoutError as e:
+        except ReadTimedOut as e:
             return _broken(request, response, "timeout", e)
-        if not chunk and end_of_chunk:
-            continue  # an HTTP chunk boundary with no new data
         if first:
             on_first_chunk()
             first = False
@@ -275,7 +603,6 @@ async def _relay_chunks(
         try:
             await response.write(chunk)
         except ConnectionError:
-            # The client went away; leaving the block closes the upstream call too.
             return Relay(response, client_gone=True)
     try:
         await response.write_eof()

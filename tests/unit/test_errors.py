@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
 import pytest
-from aiohttp.client_reqrep import ConnectionKey
 
-from sidecar import errors
+from sidecar import errors, upstream
 from sidecar.activation import ActivationError
 
 pytestmark = pytest.mark.unit
@@ -19,9 +17,8 @@ def _refusal(retry_after: float | None) -> ActivationError:
     return ActivationError("held too long", code="swap_budget_exceeded", retry_after=retry_after)
 
 
-def _connector_error() -> aiohttp.ClientConnectorError:
-    key = ConnectionKey("127.0.0.1", 9, False, True, None, None, None)
-    return aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connection refused"))
+def _connector_error() -> upstream.ConnectFailed:
+    return upstream.ConnectFailed("127.0.0.1:9", ConnectionRefusedError(111, "Connection refused"))
 
 
 @pytest.mark.parametrize(
@@ -29,16 +26,15 @@ def _connector_error() -> aiohttp.ClientConnectorError:
     [
         (_connector_error(), 502, "upstream_error", "upstream_connect_failed", "connect"),
         (
-            aiohttp.ConnectionTimeoutError(),
+            upstream.ConnectTimedOut(),
             504,
             "upstream_error",
             "upstream_timeout",
             "connect_timeout",
         ),
-        (aiohttp.SocketTimeoutError(), 504, "upstream_error", "upstream_timeout", "timeout"),
+        (upstream.ReadTimedOut(), 504, "upstream_error", "upstream_timeout", "timeout"),
         (TimeoutError(), 504, "upstream_error", "upstream_timeout", "timeout"),
-        (aiohttp.ServerDisconnectedError(), 502, "upstream_error", "upstream_failed", "disconnect"),
-        (aiohttp.ClientPayloadError("cut"), 502, "upstream_error", "upstream_failed", "disconnect"),
+        (upstream.Disconnected("closed"), 502, "upstream_error", "upstream_failed", "disconnect"),
         (_refusal(2.1), 503, "service_unavailable", "swap_budget_exceeded", None),
         (ValueError("bug"), 500, "server_error", "internal_error", None),
     ],
