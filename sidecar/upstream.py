@@ -119,7 +119,6 @@ KEEPALIVE_SECONDS = 15.0
 # Past this much body read from the upstream and not yet written to the client, the
 # upstream is paused until the client catches up.
 _PAUSE_BYTES = 256 * 1024
-_RESUME_BYTES = 64 * 1024
 
 
 # --- what can go wrong (sidecar.errors translates these) ----------------------------------
