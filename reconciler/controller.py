@@ -668,7 +668,13 @@ class Controller:
         m = self.metrics
         if isinstance(action, s.Scale):
             logger.info("scaling %s to %d", action.member, action.replicas)
-            await self.reconcile_server(namespace, action.member)
+            try:
+                await self.reconcile_server(namespace, action.member)
+            except Exception:
+                # The swap has moved on and will not ask again: the member's own key
+                # retries the scale (it reads the replicas the pool now wants).
+                self.queue.retry(Key(SERVER, namespace, action.member))
+                raise
         elif isinstance(action, s.ProbeIdle):
             self._start_probe(namespace, pool, action.member)
         elif isinstance(action, s.ClearRequest):

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from reconciler import swap as s
 from reconciler.controller import POOL, ROUTER, SERVER, Controller, Key
 from reconciler.idle import IdleCheck
-from reconciler.kube import Kube, Resource
+from reconciler.kube import Kube, KubeError, Resource
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.render import Renderer
 from reconciler.settings import Settings
@@ -301,3 +301,22 @@ async def test_a_server_is_rendered_again_only_when_its_spec_or_scale_changed() 
     assert renderer.renders == 2
     applied = next(o for o in c.deployments.items(NS) if o["metadata"]["name"] == "a")
     assert "4096" in str(applied["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+async def test_a_scale_that_failed_is_retried_by_the_members_own_key() -> None:
+    class FailingKube(FakeKube):
+        async def apply(self, body: Any, *, force: bool = True) -> dict[str, Any]:
+            raise KubeError("apply Deployment b: connection reset")
+
+    kube = FailingKube()
+    c = controller(kube)
+    unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
+                       started=NOW - 1, phase_started=NOW - 1)
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, request=s.Request("b", 3), swap=unloading,
+        observed=s.MemberPods(pods={"a": 1}))
+    with pytest.raises(KubeError):
+        await c.reconcile_pool(NS, "slot")
+    assert Key(SERVER, NS, "b") in c.queue._timers  # again after the backoff
+    assert c.queue.failures(Key(SERVER, NS, "b")) == 1
+    c.queue.shutdown()
