@@ -33,3 +33,17 @@ def test_the_goal_is_judged_on_p50_and_p95_of_each_kind() -> None:
         "warm: p50 0.30 s (met), p95 0.60 s (missed)",
         "cold: p50 0.20 s (met), p95 0.20 s (met)",
     ]
+
+
+def test_the_readiness_period_it_explains_is_the_one_the_template_renders() -> None:
+    from reconciler.render import Renderer
+    from reconciler.spec import ModelServerSpec
+
+    body = {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelServer",
+            "metadata": {"namespace": "ns", "name": "w0", "uid": "u", "generation": 1},
+            "spec": {"image": "modelpool/fake-model:e2e", "model": "/models/w0.gguf"}}
+    objects = Renderer().model_server(ModelServerSpec.from_body(body), replicas=1,
+                                      owner_uid="u")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["periodSeconds"] == bench().READINESS_PERIOD
