@@ -47,3 +47,13 @@ def test_the_readiness_period_it_explains_is_the_one_the_template_renders() -> N
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["periodSeconds"] == bench().READINESS_PERIOD
+
+
+def test_samples_that_waited_a_readiness_period_are_counted_apart() -> None:
+    b = bench()
+    samples = [b.Sample("warm", "w1", 2.5 + o, 2.5) for o in [0.3] * 18 + [2.3, 2.4]]
+    text = b.report(samples, {}, b.Options(Path("/x"), 20, 0, 2.0, 0.5, False, False),
+                    "cmd", (1.0, 1.0))
+    assert ("Samples that waited that extra period: warm 2, cold 0; without them, warm: "
+            "p50 0.30 s (met), p95 0.30 s (met).") in text
+    assert text.rstrip().endswith("warm: p50 0.30 s (met), p95 2.30 s (missed).")
