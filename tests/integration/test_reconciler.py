@@ -118,7 +118,10 @@ async def reconciler(
         bind_host="127.0.0.1",
         metrics_port=port,
         workers=4,
-        swap=SwapSettings(probe_interval_seconds=0.5, probe_timeout_seconds=2.0),
+        # a pool's members may come up to 5 s after it before it is stalled: room for a
+        # loaded machine in the test of a pool applied before its members
+        swap=SwapSettings(probe_interval_seconds=0.5, probe_timeout_seconds=2.0,
+                          standalone_settle_seconds=5.0),
     )
     registry = CollectorRegistry()
     stop = asyncio.Event()
@@ -411,6 +414,44 @@ async def test_a_missing_member_stalls_until_the_spec_is_fixed(
     body = await ready_with(reconciler, "a")
     c2 = condition(body, "Stalled")
     assert c2 is not None and c2["status"] == "False"
+
+
+async def test_a_pool_applied_before_its_members_is_in_progress_never_degraded(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    # a GitOps sync may create the pool a moment before its members: until they come (or
+    # a few seconds pass) the pool reads Cold and Reconciling, not Degraded and Stalled
+    phases: list[tuple[str | None, str | None]] = []
+
+    async def watch_phase() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                body = await reconciler.pool()
+                reconciling = condition(body, "Reconciling") or {}
+                phases.append(((body.get("status") or {}).get("phase"),
+                               reconciling.get("reason")))
+            await asyncio.sleep(0.1)
+
+    apply(kubectl, namespace, pool(["a", "b"]))
+    task = asyncio.create_task(watch_phase())
+    try:
+        await eventually(
+            lambda: _async(("Cold", "WaitingForMembers") in phases or None),
+            "the pool waiting for its members", 20)
+        apply(kubectl, namespace, server("a"), server("b"))
+        await ready_with(reconciler, "a")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert all(phase != "Degraded" for phase, _ in phases), phases
+    events = kubectl.json("get", "events", "-n", namespace,
+                          "--field-selector", "involvedObject.name=slot")["items"]
+    assert not [e for e in events if e.get("reason") == "MemberNotFound"]
+
+
+async def _async(value: T) -> T:
+    return value
 
 
 async def test_a_hand_edited_replica_count_is_put_back(
