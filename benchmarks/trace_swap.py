@@ -265,7 +265,7 @@ def generic(what: str, incumbent: str, target: str) -> str:
 async def run(options: argparse.Namespace) -> None:
     layout = StateLayout(options.state_dir.resolve())
     cluster = controlplane.up(controlplane.UpOptions(
-        state_dir=options.state_dir, python=sys.executable, gpus=2))
+        state_dir=options.state_dir, python=sys.executable, gpus=options.gpus))
     kubectl = Kubectl(cluster.kubeconfig,
                       shutil.which("kubectl") or str(cluster.bin_dir / "kubectl"))
     namespace = f"trace-swap-{secrets.token_hex(3)}"
@@ -315,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--swaps", type=int, default=6)
     p.add_argument("--load-time", type=float, default=2.0)
     p.add_argument("--unload-time", type=float, default=0.5)
+    p.add_argument("--gpus", type=int, default=1,
+                   help="the node's GPUs (1: the target can only be bound once the "
+                        "incumbent's pod is gone, as on a one-GPU node)")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
     options = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
