@@ -325,6 +325,7 @@ def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
 class _Endpoint:
     """What a request needs to know of a base URL, parsed once."""
 
+    base_url: str  # the pool's key (a str caches its hash; this dataclass would not)
     host: str
     port: int
     ssl: bool
@@ -338,7 +339,7 @@ class Client:
     def __init__(self, connect_timeout: float, keepalive_seconds: float = KEEPALIVE_SECONDS):
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive_seconds
-        self._idle: dict[_Endpoint, list[_Connection]] = {}
+        self._idle: dict[str, list[_Connection]] = {}  # by base URL
         self._endpoints: dict[str, _Endpoint] = {}
         self._ssl: ssl.SSLContext | None = None
 
@@ -347,13 +348,13 @@ class Client:
         if known is None:
             known = self._endpoints[base_url] = _parse_endpoint(base_url)
             if len(self._endpoints) > 4096:  # pod addresses come and go
-                self._endpoints.clear()
+                self._endpoints = {base_url: known}
         return known
 
     async def open(self, endpoint: _Endpoint) -> _Connection:
         """A pooled connection to `endpoint`, or a new one."""
         loop = asyncio.get_running_loop()
-        idle = self._idle.get(endpoint)
+        idle = self._idle.get(endpoint.base_url)
         while idle:
             conn = idle.pop()
             conn.on_idle_close = None
@@ -361,7 +362,7 @@ class Client:
                 return conn
             conn.close()
         if idle is not None:
-            del self._idle[endpoint]
+            del self._idle[endpoint.base_url]
         address = f"{endpoint.host}:{endpoint.port}"
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -381,17 +382,17 @@ class Client:
         """Give `conn` back after a whole exchange, or close it if it cannot serve another."""
         if conn.reusable and conn.transport is not None:
             conn.idle_since = asyncio.get_running_loop().time()
-            self._idle.setdefault(endpoint, []).append(conn)
-            conn.on_idle_close = functools.partial(self._forget, endpoint)
+            self._idle.setdefault(endpoint.base_url, []).append(conn)
+            conn.on_idle_close = functools.partial(self._forget, endpoint.base_url)
         else:
             conn.close()
 
-    def _forget(self, endpoint: _Endpoint, conn: _Connection) -> None:
-        idle = self._idle.get(endpoint)
+    def _forget(self, base_url: str, conn: _Connection) -> None:
+        idle = self._idle.get(base_url)
         if idle is not None and conn in idle:
             idle.remove(conn)
             if not idle:
-                del self._idle[endpoint]
+                del self._idle[base_url]
 
     def idle(self) -> int:
         """How many pooled connections wait for a request."""
@@ -419,6 +420,7 @@ def _parse_endpoint(base_url: str) -> _Endpoint:
     if url.explicit_port is not None:
         authority += f":{url.explicit_port}"
     return _Endpoint(
+        base_url=base_url,
         host=host,
         port=url.port or (443 if url.scheme == "https" else 80),
         ssl=url.scheme == "https",
@@ -452,7 +454,8 @@ def request_headers(
     headers: CIMultiDictProxy[str], *, drop: frozenset[str] = _NOTHING
 ) -> bytes:
     """The client's header lines minus hop-by-hop ones and any in `drop`, ready to send."""
-    listed = _connection_tokens(headers.getall("Connection", ()))
+    connection = headers.getall("Connection", None)
+    listed = _connection_tokens(connection) if connection else _NOTHING
     lines = []
     for name, value in headers.items():
         low = name.lower()
@@ -475,8 +478,9 @@ def response_headers(raw: list[tuple[bytes, bytes]]) -> CIMultiDict[str]:
                 connection.append(text)
             continue
         out.add(key, text)
-    for token in _connection_tokens(connection):
-        out.popall(token, None)
+    if connection:
+        for token in _connection_tokens(connection):
+            out.popall(token, None)
     return out
 
 
