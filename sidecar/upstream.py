@@ -159,11 +159,12 @@ class Relay:
 
 # --- the HTTP/1.1 client ------------------------------------------------------------------
 #
-# aiohttp's ClientSession spent about 240 us of CPU per proxied request on loopback (half
-# the router's), building request and response objects, a task for the body, cookie,
-# redirect and trace machinery the router never uses. What the router needs is small:
-# keep-alive connections per endpoint, one write per request, httptools (llhttp, C) to
-# parse the answer, and its body handed over chunk by chunk as it arrives.
+# aiohttp's ClientSession spent 140 to 170 us of CPU per request on loopback (a third to a
+# half of the router's), on request and response objects, a task for the body, cookie,
+# redirect and trace machinery the router never uses; this client spends 55 to 70 us.
+# What the router needs is small: keep-alive connections per endpoint, one write per
+# request, httptools (llhttp, C) to parse the answer, and its body handed over chunk by
+# chunk as it arrives.
 
 
 class _Connection(asyncio.Protocol):
