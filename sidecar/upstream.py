@@ -514,7 +514,7 @@ async def forward(
     head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
         request.method.encode("ascii"),
         endpoint.prefix.encode("ascii"),
-        request.raw_path.encode("utf-8", "surrogateescape"),
+        _target(request),
         endpoint.host_header,
         headers,
         len(body),
@@ -547,6 +547,15 @@ async def forward(
             client.done(endpoint, conn)
         else:
             conn.close()  # an answer may still be on its way: this connection is spent
+
+
+def _target(request: web.Request) -> bytes:
+    """The request's path and query as the client sent them (an absolute-form target, as
+    a client configured for a proxy sends, loses its scheme and host)."""
+    raw = request.raw_path
+    if not raw.startswith("/"):
+        raw = request.rel_url.raw_path_qs
+    return raw.encode("utf-8", "surrogateescape")
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -273,3 +273,19 @@ def test_a_stream_that_stalls_past_the_read_timeout_is_cut(on_loop: OnLoop) -> N
         await _until(lambda: proxy.errors("timeout") == 1)
 
     on_loop(check, responseHeaderTimeoutSeconds=0.3)
+
+
+def test_an_absolute_form_target_is_sent_on_as_path_and_query(on_loop: OnLoop) -> None:
+    async def check(proxy: Proxy) -> None:
+        host = proxy.url.removeprefix("http://")
+        reader, writer = await asyncio.open_connection(*host.split(":"))
+        writer.write(
+            b"POST %s/v1/completions?a=1 HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (proxy.url.encode(), host.encode(), len(BODY), BODY)
+        )
+        answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
+        assert proxy.raw.seen[0].head.startswith(b"POST /v1/completions?a=1 HTTP/1.1\r\n")
+
+    on_loop(check)
