@@ -10,6 +10,12 @@ this module awaits, reads a clock, touches the network or counts metrics.
 Several router replicas share one pool, so the machine trusts only the shared status:
 it writes a request by compare-and-swap against the generation it last read, and after a
 lost race it re-reads before deciding again (docs/contracts.md section 2).
+
+A swap's target can answer before the kubelet's next readiness probe marks its pod Ready.
+While the pool's status names it the target of a swap in Loading, and someone here waits
+for it, the shell probes its not-yet-ready address (`probe_wanted`); a 200 comes back as
+`EarlyReady`, and the member counts as resident on that address until the normal path
+(a ready endpoint) takes over or the status stops naming it.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ class PoolState:
     recent_swaps: tuple[float, ...] = ()  # durations of recent successful swaps
     answered: int = 0  # the newest request generation whose swap ended, any outcome
     closed: bool = False
+    # (member, address) that answered its readiness probe before its endpoint turned ready.
+    early: tuple[str, str] | None = None
 
 
 def initial_state(name: str, identity: str, limits: PoolLimits) -> PoolState:
@@ -155,6 +163,22 @@ class EndpointsObserved:
 
 
 @dataclass(frozen=True)
+class EarlyReady:
+    """The not-yet-ready `address` ("host:port") of `member` answered its readiness probe."""
+
+    member: str
+    address: str
+
+
+@dataclass(frozen=True)
+class EarlyLost:
+    """`address` of `member` left its EndpointSlice, or a connection to it failed."""
+
+    member: str
+    address: str
+
+
+@dataclass(frozen=True)
 class WriteSucceeded:
     status: PoolStatus  # the pool as the patch left it
 
@@ -185,6 +209,8 @@ Event = (
     | Tick
     | PoolObserved
     | EndpointsObserved
+    | EarlyReady
+    | EarlyLost
     | WriteSucceeded
     | WriteConflicted
     | WriteFailed
@@ -238,12 +264,42 @@ Action = Admit | Fail | WriteRequest | Reread
 
 def is_resident(state: PoolState, member: str) -> bool:
     """Resident = the shared status names it AND a ready endpoint exists AND it is not being
-    unloaded."""
+    unloaded; or the status names it the target of a swap in Loading (or resident, with no
+    swap) AND its address answered the readiness probe early (`early_address`)."""
     status = state.status
-    if status is None or status.resident_member != member or member not in state.ready:
+    if status is None:
+        return False
+    if state.early is not None and state.early[0] == member and _early_allowed(status, member):
+        return True
+    if status.resident_member != member or member not in state.ready:
         return False
     swap = status.swap
     return not (swap is not None and swap.from_member == member and swap.phase in _PAST_DRAINING)
+
+
+def early_address(state: PoolState, member: str) -> str | None:
+    """The address `member` is dispatchable on before its endpoint turned ready, or None."""
+    early, status = state.early, state.status
+    if early is None or early[0] != member or status is None:
+        return None
+    return early[1] if _early_allowed(status, member) else None
+
+
+def probe_wanted(state: PoolState) -> str | None:
+    """The member whose not-ready address the shell should probe now, or None: the target
+    of a swap in Loading, with requests held here, no ready endpoint and no early answer."""
+    status = state.status
+    if status is None or status.swap is None or status.swap.phase != "Loading":
+        return None
+    member = status.swap.to_member
+    if (
+        member not in state.limits.members
+        or member in state.ready
+        or not state.queues.get(member)
+        or (state.early is not None and state.early[0] == member)
+    ):
+        return None
+    return member
 
 
 def member_state(state: PoolState, member: str) -> str:
@@ -316,7 +372,18 @@ def _apply(state: PoolState, event: Event, now: float, actions: list[Action]) ->
         case PoolObserved(status=status):
             return _observe(state, status, now, actions)
         case EndpointsObserved(ready=ready):
+            if state.early is not None and state.early[0] in ready:
+                state = replace(state, early=None)  # the normal path takes over
             return replace(state, ready=ready)
+        case EarlyReady(member=member, address=address):
+            status = state.status
+            if status is None or member in state.ready or not _early_allowed(status, member):
+                return state  # the status moved on while the probe ran
+            return replace(state, early=(member, address))
+        case EarlyLost(member=member, address=address):
+            if state.early == (member, address):
+                return replace(state, early=None)
+            return state
         case WriteSucceeded(status=status):
             state = replace(state, writing=None, write_failures=0, write_retry_at=None)
             return _observe(state, status, now, actions)
@@ -389,6 +456,8 @@ def _observe(
     if status is not None and old is not None and _older(status, old):
         return replace(state, needs_read=False)  # a stale read: keep what we know
     state = replace(state, status=status, needs_read=False)
+    if state.early is not None and (status is None or not _early_allowed(status, state.early[0])):
+        state = replace(state, early=None)
     last = status.last_swap if status is not None else None
     if last is not None and last.generation is not None and last.generation > state.answered:
         state = replace(state, answered=last.generation)
@@ -507,6 +576,15 @@ def _admissible(state: PoolState, waiter: Waiter) -> bool:
         return False
     cutoff = _fair_cutoff(state)
     return cutoff is None or waiter.since < cutoff
+
+
+def _early_allowed(status: PoolStatus, member: str) -> bool:
+    """Whether the status lets an early answer count: `member` is the target of a swap in
+    Loading (its incumbent's pods are gone), or resident with no swap running."""
+    swap = status.swap
+    if swap is not None:
+        return swap.to_member == member and swap.phase == "Loading"
+    return status.resident_member == member
 
 
 def _fair_cutoff(state: PoolState) -> float | None:

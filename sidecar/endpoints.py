@@ -1,10 +1,13 @@
-"""Ready pod addresses per Service, from EndpointSlices.
+"""Ready (and not-yet-ready) pod addresses per Service, from EndpointSlices.
 
 The router dispatches straight to pod addresses (no DNS, no kube-proxy) so it sees a
 member become ready the moment its EndpointSlice says so. A connection failure marks one
 address bad for a short while, so the next request does not walk into the same dead pod
 before the slice catches up; the mark goes when the slice changes or after `bad_ttl`.
-No I/O: `sidecar.kube` feeds the slices, the shell passes the time.
+Not-ready addresses are kept beside the ready ones: a pod is listed with
+`conditions.ready: false` once it has an IP, and the activator probes a swap's target there
+before the kubelet marks it Ready. No I/O: `sidecar.kube` feeds the slices, the shell
+passes the time.
 """
 
 from __future__ import annotations
@@ -73,15 +76,32 @@ class EndpointIndex:
         self, service: str, now: float, default_port: int | None = None
     ) -> list[str]:
         """`host:port` of every ready endpoint of `service` not marked bad, sorted."""
+        return self._addresses(service, now, default_port, ready=True)
+
+    def not_ready_addresses(
+        self, service: str, now: float, default_port: int | None = None
+    ) -> list[str]:
+        """`host:port` of every endpoint of `service` listed but not ready, not marked bad,
+        sorted (minus any address another slice lists as ready)."""
+        ready = set(self._addresses(service, now, default_port, ready=True))
+        return [
+            a for a in self._addresses(service, now, default_port, ready=False) if a not in ready
+        ]
+
+    def _addresses(
+        self, service: str, now: float, default_port: int | None, *, ready: bool
+    ) -> list[str]:
         found: set[str] = set()
         for s in self._slices.values():
             port = s.port if s.port is not None else default_port
             if s.service != service or port is None:
                 continue
             for e in s.endpoints:
+                if e.ready != ready:
+                    continue
                 address = _join(e.address, port)
                 until = self._bad.get((service, address))
-                if e.ready and (until is None or now >= until):
+                if until is None or now >= until:
                     found.add(address)
         return sorted(found)
 
