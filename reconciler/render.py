@@ -22,6 +22,7 @@ from reconciler.router_config import (
     RenderError,
     config_hash,
     config_json,
+    readiness_path,
     router_config,
 )
 from reconciler.spec import API_VERSION, ModelPoolSpec, ModelRouterSpec, ModelServerSpec
@@ -140,12 +141,6 @@ def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
     return resources
 
 
-def _readiness_path(ms: ModelServerSpec) -> str | None:
-    if ms.readiness_path:
-        return ms.readiness_path
-    return "/health" if ms.runtime in ("llamacpp", "vllm") else None
-
-
 class Renderer:
     """Renders ModelServers and ModelRouters; build one at start and share it."""
 
@@ -211,7 +206,7 @@ class Renderer:
             "selector": server_selector(ms.name),
             "owner": _owner("ModelServer", ms.name, owner_uid),
             "resources": _server_resources(ms),
-            "readiness_path": _readiness_path(ms),
+            "readiness_path": readiness_path(ms),
         }
         return self._render(_SERVER_TEMPLATES, context)
 

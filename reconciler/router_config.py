@@ -31,6 +31,15 @@ def _seconds(value: float | None) -> float | int | None:
     return int(value) if float(value).is_integer() else value
 
 
+def readiness_path(server: ModelServerSpec) -> str | None:
+    """The HTTP path of `server`'s readiness probe, or None when it is probed by TCP. One
+    source for both readers: the ModelServer template's readinessProbe, and the router,
+    which probes a swap's target there before the kubelet marks it Ready."""
+    if server.readiness_path:
+        return server.readiness_path
+    return "/health" if server.runtime in ("llamacpp", "vllm") else None
+
+
 def pool_of(server: str, pools: Sequence[ModelPoolSpec]) -> ModelPoolSpec | None:
     """The pool that lists `server` as a member, or None; two pools are a RenderError."""
     owners = sorted((p for p in pools if server in p.member_names), key=lambda p: p.name)
@@ -75,6 +84,7 @@ def router_config(
                     "port": None,
                     "pool": None,
                     "url": backend.url,
+                    "readinessPath": None,
                 }
             )
             continue
@@ -94,6 +104,7 @@ def router_config(
                 "port": server.port,
                 "pool": pool.name if pool else None,
                 "url": None,
+                "readinessPath": readiness_path(server),
             }
         )
     return {

@@ -26,6 +26,9 @@ class BackendConfig:
     port: int | None
     pool: str | None
     url: str | None
+    # The member's readiness probe path (None: probed by TCP, or not a ModelServer). The
+    # activator probes a swap's target there before its endpoint turns ready.
+    readiness_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def parse_config(raw: Mapping[str, Any]) -> RouterConfig:
                 port=_opt(b, "port", where, int),
                 pool=_opt(b, "pool", where, str),
                 url=_opt(b, "url", where, str),
+                readiness_path=_opt(b, "readinessPath", where, str),
             )
         )
         if (backends[-1].url is None) == (backends[-1].service is None):

@@ -11,7 +11,7 @@ import pytest
 
 from reconciler.render import Renderer
 from reconciler.router_config import config_json, router_config
-from reconciler.spec import ModelPoolSpec, ModelRouterSpec
+from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec
 from sidecar.config import RouterConfig, parse_config
 from tests.unit.test_render_cases import (
     CHAT,
@@ -30,7 +30,9 @@ CONTRACT_KEYS = {
     "version", "router", "routeStrategy", "defaultRoute", "responseHeaderTimeoutSeconds",
     "maxHeldRequests", "maxBodyBytes", "backends", "pools",
 }
-BACKEND_KEYS = {"name", "aliases", "modelServer", "service", "port", "pool", "url"}
+BACKEND_KEYS = {
+    "name", "aliases", "modelServer", "service", "port", "pool", "url", "readinessPath",
+}
 POOL_KEYS = {
     "name", "members", "default", "swapPolicy", "swapBudgetSeconds", "maxWaitSeconds",
     "minResidencySeconds",
@@ -68,15 +70,18 @@ def test_every_field_reaches_the_router() -> None:
     assert gemma.aliases == ("gemma-3",)
     assert (gemma.model_server, gemma.service, gemma.port) == ("gemma", "gemma", GEMMA.port)
     assert (gemma.pool, gemma.url) == ("gpu0", None)
+    assert gemma.readiness_path == "/health"  # llamacpp
 
     qwen = cfg.backend("qwen")
     assert qwen is not None
     assert (qwen.model_server, qwen.service, qwen.port, qwen.pool) == ("qwen", "qwen", 8000, "gpu0")
     assert QWEN.port == 8000
+    assert qwen.readiness_path == "/health"  # vllm
 
     embed = cfg.backend("embed")
     assert embed is not None
     assert (embed.service, embed.port, embed.pool) == ("embed", EMBED.port, None)
+    assert embed.readiness_path is None  # generic without readinessPath: probed by TCP
 
     external = cfg.backend("external")
     assert external is not None
@@ -84,6 +89,7 @@ def test_every_field_reaches_the_router() -> None:
     assert (external.model_server, external.service, external.port, external.pool) == (
         None, None, None, None,
     )
+    assert external.readiness_path is None
 
     (pool,) = cfg.pools
     assert pool.name == "gpu0"
@@ -123,3 +129,29 @@ def test_fractional_durations_stay_fractional() -> None:
     raw = router_config(router, {}, [])
     assert raw["responseHeaderTimeoutSeconds"] == 1.5
     assert parse_config(raw).response_header_timeout_seconds == 1.5
+
+
+def _probe_path(server: ModelServerSpec) -> str | None:
+    objects = Renderer().model_server(server, replicas=0, owner_uid=None)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    probe = container["readinessProbe"]
+    return probe["httpGet"]["path"] if "httpGet" in probe else None
+
+
+@pytest.mark.parametrize("name", ["gemma", "qwen", "embed", "custom"])
+def test_the_router_probes_the_path_the_kubelet_probes(name: str) -> None:
+    custom = ModelServerSpec.from_body(
+        body(
+            "ModelServer",
+            "custom",
+            {"runtime": "generic", "image": "x/y:1", "readinessPath": "/ready"},
+        )
+    )
+    servers = {**SERVERS, "custom": custom}
+    router = ModelRouterSpec.from_body(
+        body("ModelRouter", "r", {"backends": [{"name": name, "modelServerRef": {"name": name}}]})
+    )
+    (backend,) = parse_config(router_config(router, servers, [])).backends
+    assert backend.readiness_path == _probe_path(servers[name])
+    assert backend.readiness_path == {"embed": None, "custom": "/ready"}.get(name, "/health")
