@@ -8,6 +8,12 @@ and the Events on the pools (`sidecar.events` decides which, an `EventReporter` 
 in the background). The proxy only sees `Activation.acquire`: a context manager that
 yields where to send a request once its member is resident, and spans the request while
 it runs.
+
+It also runs, per pool, at most one prober: while a swap's target is Loading and listed
+not-ready in its EndpointSlice, it GETs the member's readiness path there every
+`_PROBE_INTERVAL` (through a `ReadinessProbe`, by default `sidecar.upstream`'s), and the
+first 200 becomes the machine's `EarlyReady`: held requests go out on that address
+without waiting for the kubelet's next readiness probe.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from sidecar.activator import (
     Action,
     Admit,
     Arrive,
+    EarlyLost,
+    EarlyReady,
     EndpointsObserved,
     Event,
     Fail,
@@ -56,6 +64,8 @@ NO_READY_ENDPOINT = "no_ready_endpoint"
 _REREAD_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
 _EVENT_TIMEOUT = 10.0  # one Event's POST; the reporter gives up on it after that
 _EVENT_BACKLOG = 64  # posts waiting to be sent; past it new ones are dropped (and logged)
+_PROBE_INTERVAL = 0.05  # between two early readiness probes of a swap's target
+_PROBE_TIMEOUT = 0.5  # one early readiness probe; a slow answer is a failed one
 
 T = TypeVar("T")
 
@@ -106,6 +116,21 @@ class KubePort(Protocol):
     def watch_endpoint_slices(self, namespace: str) -> AsyncIterator[WatchEvent[EndpointSlice]]: ...
 
     async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]: ...
+
+
+class ReadinessProbe(Protocol):
+    """GETs `path` on `host:port` once; True only for a 200 within `probe_timeout` seconds,
+    False for anything else (refused, timed out, another status). Never raises for those."""
+
+    async def __call__(self, host: str, port: int, path: str, probe_timeout: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _Prober:
+    member: str
+    address: str  # "host:port", listed not-ready in the member's EndpointSlice
+    path: str
+    task: asyncio.Task[None]
 
 
 @runtime_checkable
@@ -246,9 +271,11 @@ class Activation:
         identity: str,
         clock: Callable[[], float] = time.monotonic,
         events_port: EventPort | None = None,
+        probe: ReadinessProbe | None = None,
     ) -> None:
         """`identity` is `namespace/router/pod`. Events go to `events_port`, by default the
-        kube client when it can post them; with neither, no Events."""
+        kube client when it can post them; with neither, no Events. `probe` checks a
+        swap's target early (None: wait for its endpoint to turn ready)."""
         self._config = config
         self._kube = kube
         port = events_port
@@ -274,20 +301,28 @@ class Activation:
         self._wake = asyncio.Event()
         self._work: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
         self._closed = False
+        self._probe = probe
+        self._probers: dict[str, _Prober] = {}  # per pool: at most one
+        self._tasks: asyncio.TaskGroup | None = None  # while `run` runs
 
     # --- lifecycle ---
 
     async def run(self) -> None:
         """Watch pools and EndpointSlices, wake the machines at their deadlines, and carry
         out writes and re-reads. Runs until cancelled."""
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._ticker())
-            tg.create_task(self._worker(tg))
-            if self._events is not None:
-                tg.create_task(self._events.run())
-            if self._kube is not None:
-                tg.create_task(self._watch_pools(self._kube))
-                tg.create_task(self._watch_slices(self._kube))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tasks = tg
+                tg.create_task(self._ticker())
+                tg.create_task(self._worker(tg))
+                if self._events is not None:
+                    tg.create_task(self._events.run())
+                if self._kube is not None:
+                    tg.create_task(self._watch_pools(self._kube))
+                    tg.create_task(self._watch_slices(self._kube))
+        finally:
+            self._tasks = None
+            self._probers.clear()  # the task group cancelled them
 
     def ready(self) -> bool:
         return self._kube is None or (self._pools_synced and self._slices_synced)
@@ -416,6 +451,7 @@ class Activation:
             if refused:
                 self._note_refusals(pool, state, refused)
         self._wake.set()
+        self._sync_prober(pool)
 
     def _note_refusals(self, pool: str, state: PoolState, refused: list[Refusal]) -> None:
         assert self._events is not None
@@ -607,14 +643,83 @@ class Activation:
             )
             if ready != state.ready:
                 self._feed(name, EndpointsObserved(ready))
+            else:
+                self._sync_prober(name)  # a not-ready address may have come or gone
 
     def _pick(self, backend: BackendConfig) -> Target | None:
         if backend.service is None:
             return None
         address = self._endpoints.pick(backend.service, self._clock(), backend.port)
+        if address is None and backend.pool in self._pools and backend.model_server:
+            # Admitted on an early readiness answer: its address, until it turns ready.
+            address = activator.early_address(self._pools[backend.pool], backend.model_server)
         if address is None:
             return None
         return Target(f"http://{address}", backend.name, backend.pool)
+
+    # --- early readiness of a swap's target ---
+
+    def _sync_prober(self, pool: str) -> None:
+        """Start, keep or stop the pool's prober as its state and the endpoints say; and
+        forget an early answer whose address is no longer listed (or was marked bad)."""
+        state = self._pools[pool]
+        now = self._clock()
+        if state.early is not None:
+            member, address = state.early
+            backend = self._config.backend_for_member(member)
+            service = backend.service if backend is not None else None
+            port = backend.port if backend is not None else None
+            if service is None or address not in (
+                self._endpoints.not_ready_addresses(service, now, port)
+            ):
+                self._feed(pool, EarlyLost(member, address))  # syncs again
+                return
+        wanted = self._probe_wanted(state, now)
+        current = self._probers.get(pool)
+        if current is not None and (
+            current.task.done() or (current.member, current.address, current.path) != wanted
+        ):
+            current.task.cancel()
+            del self._probers[pool]
+            current = None
+        if wanted is None or current is not None or self._tasks is None or self._probe is None:
+            return
+        member, address, path = wanted
+        task = self._tasks.create_task(_logged(self._probe_until_ready(pool, *wanted)))
+        self._probers[pool] = _Prober(member, address, path, task)
+        logger.debug("pool %s: probing %s at %s%s", self._ref(pool), member, address, path)
+
+    def _probe_wanted(self, state: PoolState, now: float) -> tuple[str, str, str] | None:
+        """(member, address, path) to probe now, or None."""
+        member = activator.probe_wanted(state)
+        if member is None:
+            return None
+        backend = self._config.backend_for_member(member)
+        if backend is None or backend.service is None or backend.readiness_path is None:
+            return None  # no HTTP readiness path: wait for the endpoint to turn ready
+        addresses = self._endpoints.not_ready_addresses(backend.service, now, backend.port)
+        return (member, addresses[0], backend.readiness_path) if addresses else None
+
+    async def _probe_until_ready(self, pool: str, member: str, address: str, path: str) -> None:
+        assert self._probe is not None
+        host, _, port = address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        while True:
+            if await self._probe(host, int(port), path, _PROBE_TIMEOUT):
+                break
+            # A fixed pace, not a wait for an event: nothing tells us when it is loaded.
+            await asyncio.sleep(_PROBE_INTERVAL)
+        prober = self._probers.get(pool)
+        if prober is not None and prober.task is asyncio.current_task():
+            del self._probers[pool]  # done: the sync below must not cancel this task
+        logger.info(
+            "pool %s: %s answered %s at %s before turning ready: dispatching there",
+            self._ref(pool),
+            member,
+            path,
+            address,
+        )
+        self._feed(pool, EarlyReady(member, address))
 
 
 async def _logged(work: Awaitable[None]) -> None:
