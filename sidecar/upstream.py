@@ -645,6 +645,29 @@ async def reachable(base_url: str, connect_timeout: float) -> bool:
     return True
 
 
+async def probe_ready(host: str, port: int, path: str, probe_timeout: float) -> bool:
+    """Whether `GET path` on `host:port` answers 200 within `probe_timeout` seconds.
+
+    The activator's early readiness probe of a swap's target (`sidecar.activation`): a
+    fresh connection each time, closed once the status line is read; a refusal, a
+    timeout or any other status is False."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    writer: asyncio.StreamWriter | None = None
+    try:
+        request = f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+        async with asyncio.timeout(probe_timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request.encode("ascii"))
+            status_line = await reader.readline()
+    except (OSError, TimeoutError, ValueError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+    parts = status_line.split(None, 2)
+    return len(parts) >= 2 and parts[0].startswith(b"HTTP/1.") and parts[1] == b"200"
+
+
 class _WholeResponse(web.StreamResponse):
     """Streams like its parent, but sends its headers with the first chunk of the body:
     one segment instead of two for a typical JSON answer, which halves the client's reads.
