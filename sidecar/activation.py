@@ -29,7 +29,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from sidecar import activator, events
+from sidecar import activator, events, upstream
 from sidecar.activator import (
     Action,
     Admit,
@@ -271,7 +271,7 @@ class Activation:
         identity: str,
         clock: Callable[[], float] = time.monotonic,
         events_port: EventPort | None = None,
-        probe: ReadinessProbe | None = None,
+        probe: ReadinessProbe | None = upstream.probe_ready,
     ) -> None:
         """`identity` is `namespace/router/pod`. Events go to `events_port`, by default the
         kube client when it can post them; with neither, no Events. `probe` checks a

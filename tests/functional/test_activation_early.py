@@ -1,6 +1,7 @@
 """A swap's target answering its readiness probe before its endpoint turns ready.
 
-The real proxy app and the real activation shell, the functional tests' `FakeCluster` for
+The real proxy app and the real activation shell with its default probe
+(`sidecar.upstream.probe_ready`), the functional tests' `FakeCluster` for
 the API server (the tests play the reconciler and the EndpointSlice controller), and a
 fake upstream whose `/health` the test turns from 503 to 200. Held requests must go out
 as soon as the target answers while the pool's status says the swap to it is Loading,
@@ -13,19 +14,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from sidecar.activation import Activation
 from sidecar.activator import LastSwap, PoolRequest, SwapProgress
-from sidecar.app import Live, make_app
 from sidecar.config import RouterConfig
-from sidecar.metrics import RouterMetrics
+from sidecar.upstream import probe_ready
 from tests.functional.proxy_support import FakeUpstream, serve_app
 from tests.functional.test_activation import FakeCluster, eventually, router_config, stays
-from tests.functional.test_activation_proxy import Stack, port_of, run_stack
+from tests.functional.test_activation_proxy import Stack, closed_port, port_of, run_stack
 
 pytestmark = pytest.mark.functional
 
@@ -46,34 +43,6 @@ class LoadingUpstream(FakeUpstream):
     async def health(self, request: web.Request) -> web.Response:
         self.probes += 1
         return web.json_response({}, status=200 if self.loaded.is_set() else 503)
-
-
-async def http_probe(host: str, port: int, path: str, probe_timeout: float) -> bool:
-    try:
-        async with (
-            asyncio.timeout(probe_timeout),
-            aiohttp.ClientSession() as session,
-            session.get(f"http://{host}:{port}{path}") as response,
-        ):
-            return response.status == 200
-    except (aiohttp.ClientError, OSError, TimeoutError):
-        return False
-
-
-class EarlyStack(Stack):
-    def __init__(self, pools: FakeCluster, config: RouterConfig) -> None:
-        super().__init__(pools, config)
-        self.registry = CollectorRegistry()
-        self.activation = Activation(
-            config,
-            pools,
-            RouterMetrics(self.registry, "chat"),
-            identity="demo/chat/a",
-            probe=http_probe,
-        )
-        self.app = make_app(
-            Live(config), self.activation, RouterMetrics(CollectorRegistry(), "chat")
-        )
 
 
 def early_config() -> RouterConfig:
@@ -118,7 +87,7 @@ async def test_held_requests_go_out_when_the_loading_target_answers_health(
 ) -> None:
     _, coder_port, gemma, gemma_port = members
     pools = cluster(coder_port)
-    async with run_stack(EarlyStack(pools, early_config())) as stack:
+    async with run_stack(Stack(pools, early_config())) as stack:
         held = await hold_for_gemma(stack, pools)
         # The reconciler unloaded coder and scaled gemma up: its pod has an IP, not Ready.
         pools.delete_endpoints("coder")
@@ -146,7 +115,7 @@ async def test_nothing_is_dispatched_while_the_incumbent_unloads(
     _, coder_port, gemma, gemma_port = members
     gemma.loaded.set()  # /health answers 200 all along
     pools = cluster(coder_port)
-    async with run_stack(EarlyStack(pools, early_config())) as stack:
+    async with run_stack(Stack(pools, early_config())) as stack:
         held = await hold_for_gemma(stack, pools)
         pools.set_endpoints("gemma", "127.0.0.1", ready=False, port=gemma_port)
         pools.set_pool("heavy", swap=swap("Unloading"))
@@ -164,7 +133,7 @@ async def test_the_prober_stops_when_the_swap_is_abandoned(
 ) -> None:
     _, coder_port, gemma, gemma_port = members
     pools = cluster(coder_port)
-    async with run_stack(EarlyStack(pools, early_config())) as stack:
+    async with run_stack(Stack(pools, early_config())) as stack:
         held = await hold_for_gemma(stack, pools)
         pools.set_endpoints("gemma", "127.0.0.1", ready=False, port=gemma_port)
         pools.set_pool("heavy", resident_member=None, swap=swap("Loading"))
@@ -180,3 +149,49 @@ async def test_the_prober_stops_when_the_swap_is_abandoned(
         probes = gemma.probes  # one probe may still be in flight as the swap ends
         await stays(lambda: gemma.probes <= probes + 1, window=0.3)
         assert gemma.received == []
+
+
+async def _serve_raw(answer: bytes | None) -> tuple[asyncio.Server, int, asyncio.Event]:
+    """A socket server that reads a request and sends `answer` (None: never answers);
+    the event is set once it has closed its side of the connection."""
+    closed = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            if answer is None:
+                await reader.read()  # until the prober gives up and closes
+            else:
+                writer.write(answer)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the prober closed first
+        finally:
+            writer.close()
+            closed.set()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, int(server.sockets[0].getsockname()[1]), closed
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", True),
+        (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", False),
+        (b"garbage\r\n", False),
+        (None, False),
+    ],
+)
+async def test_probe_ready_is_true_only_for_a_200(answer: bytes | None, expected: bool) -> None:
+    server, port, closed = await _serve_raw(answer)
+    async with server:
+        started = asyncio.get_running_loop().time()
+        assert await probe_ready("127.0.0.1", port, "/health", 0.3) is expected
+        assert asyncio.get_running_loop().time() - started < 2.0
+        await asyncio.wait_for(closed.wait(), 2.0)
+
+
+async def test_probe_ready_is_false_when_refused() -> None:
+    assert await probe_ready("127.0.0.1", closed_port(), "/health", 0.3) is False
