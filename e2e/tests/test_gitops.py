@@ -226,7 +226,10 @@ def _swap_through_router(kubectl: Kubectl, namespace: str) -> None:
                 model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4
             )
             assert reply.choices[0].message.content, f"{model} answered nothing"
-            pool = harness.pool_status(kubectl, namespace, POOL)
+            # The reply can come before the status says so (the router probes the target).
+            pool = harness.wait_pool_ready(kubectl, namespace, POOL, resident=model, within=10)[
+                "status"
+            ]
             assert pool.get("residentMember") == model, pool
     finally:
         client.close()

@@ -149,7 +149,11 @@ def test_cold_pool_serves_default_swaps_once_for_the_other_and_metrics_count_it(
         started = time.monotonic()
         chat(client, "b")  # held through the swap, then served
         held_for = time.monotonic() - started
-        after_swap = stack.pool()
+        # The reply can come before the status says so: the router dispatches as soon as
+        # the target answers its readiness path, the kubelet marks it Ready a tick later.
+        after_swap = harness.wait_pool_ready(
+            stack.kubectl, stack.namespace, POOL, resident="b", within=10
+        )["status"]
         assert after_swap["residentMember"] == "b"
         assert after_swap["lastSwap"]["from"] == "a"
         assert after_swap["lastSwap"]["to"] == "b"
@@ -253,7 +257,9 @@ def test_past_the_hold_budget_503_with_retry_after_and_a_retrying_client_gets_it
         assert "reply" in outcome, "the retrying client got no answer"
         assert outcome["reply"].model == "b"
         assert outcome["retries"] >= 1
-        pool = stack.pool()
+        pool = harness.wait_pool_ready(
+            stack.kubectl, stack.namespace, POOL, resident="b", within=10
+        )["status"]  # the reply can come before the status says so
         assert pool["residentMember"] == "b"
         assert pool["lastSwap"]["outcome"] == "Succeeded"
     families = stack.router_metrics()
@@ -456,7 +462,10 @@ def test_the_example_pool_serves_both_models_through_its_router(
         )
         assert reply.choices[0].message.content
         assert len(stream(client, "qwen")) >= 2
-    pool = harness.pool_status(kubectl, namespace, "gpu0")
+    # The reply can come before the status says so (the router probes the target itself).
+    pool = harness.wait_pool_ready(kubectl, namespace, "gpu0", resident="qwen", within=10)[
+        "status"
+    ]
     assert pool["residentMember"] == "qwen"
     assert pool["lastSwap"]["from"] == "gemma" and pool["lastSwap"]["outcome"] == "Succeeded"
 
