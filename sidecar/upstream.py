@@ -580,10 +580,8 @@ async def _relay_whole(
 ) -> Relay:
     try:
         whole = await conn.whole(read_timeout)
-    except Disconnected as e:
-        return _broken(request, response, "disconnect", e)
-    except ReadTimedOut as e:
-        return _broken(request, response, "timeout", e)
+    except (Disconnected, ReadTimedOut) as e:
+        return _broken(request, response, e)
     on_first_chunk()
     try:
         await response.write_eof(whole)
@@ -604,10 +602,8 @@ async def _relay_chunks(
     while True:
         try:
             chunk = await conn.chunk(read_timeout)
-        except Disconnected as e:
-            return _broken(request, response, "disconnect", e)
-        except ReadTimedOut as e:
-            return _broken(request, response, "timeout", e)
+        except (Disconnected, ReadTimedOut) as e:
+            return _broken(request, response, e)
         if first:
             on_first_chunk()
             first = False
@@ -677,9 +673,10 @@ class _WholeResponse(web.StreamResponse):
 
 
 def _broken(
-    request: web.Request, response: web.StreamResponse, kind: str, exc: BaseException
+    request: web.Request, response: web.StreamResponse, exc: Disconnected | ReadTimedOut
 ) -> Relay:
     logger.warning("upstream failed mid-response for %s: %s", request.path, exc)
     if request.transport is not None:
         request.transport.close()
+    kind = "timeout" if isinstance(exc, ReadTimedOut) else "disconnect"
     return Relay(response, upstream_failure=kind)
