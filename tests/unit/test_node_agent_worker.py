@@ -40,19 +40,23 @@ class BrokenOnceKube:
         return None
 
 
-async def test_a_failed_status_writer_fails_the_pod_at_once(tmp_path: Path) -> None:
-    kube = BrokenOnceKube()
+def worker_context(kube: object, state_dir: Path, timing: Timing) -> WorkerContext:
+    """A pod worker's context around `kube`, a stand-in for the agent's API adapter."""
     settings = AgentSettings(
-        kubeconfig="", node_name="local", gpus=1, state_dir=tmp_path, python="python3",
-        api_server=ApiServer("https://127.0.0.1:6443", ""),
+        kubeconfig="", node_name="local", gpus=1, state_dir=state_dir, python="python3",
+        api_server=ApiServer("https://127.0.0.1:6443", ""), timing=timing,
     )
-    context = WorkerContext(
+    return WorkerContext(
         settings=settings,
         kube=cast(Kube, kube),
         session=cast(Any, None),
         node=NodeState(Devices(count=1), Addresses()),
         objects=cast(ObjectCache, None),
     )
+
+async def test_a_failed_status_writer_fails_the_pod_at_once(tmp_path: Path) -> None:
+    kube = BrokenOnceKube()
+    context = worker_context(kube, tmp_path, Timing())
     pod = {
         "metadata": {"namespace": "ns", "name": "p", "uid": "u1"},
         "spec": {"containers": [{"name": "c", "image": "example/unknown:1"}]},
@@ -93,17 +97,7 @@ class FlakyDeleteKube:
 
 async def test_a_failed_delete_of_the_pod_object_is_tried_again(tmp_path: Path) -> None:
     kube = FlakyDeleteKube()
-    settings = AgentSettings(
-        kubeconfig="", node_name="local", gpus=1, state_dir=tmp_path, python="python3",
-        api_server=ApiServer("https://127.0.0.1:6443", ""), timing=Timing(poll_seconds=0.01),
-    )
-    context = WorkerContext(
-        settings=settings,
-        kube=cast(Kube, kube),
-        session=cast(Any, None),
-        node=NodeState(Devices(count=1), Addresses()),
-        objects=cast(ObjectCache, None),
-    )
+    context = worker_context(kube, tmp_path, Timing(poll_seconds=0.01))
     meta = {"namespace": "ns", "name": "p", "uid": "u1"}
     spec = {"containers": [{"name": "c", "image": "example/unknown:1"}]}
     worker = PodWorker(context, {"metadata": meta, "spec": spec})
