@@ -44,9 +44,15 @@ class UpOptions:
     gpus: int = 1
     with_node: bool = True
     bin_dir: Path | None = None
+    # Seconds to start what is not running and become healthy, counted once the
+    # binaries are there: a cold build (minutes) never eats into it.
     timeout: float = 180.0
     # Restart a running node agent (to pick up a change to its code).
     restart_node: bool = False
+    # Where the binaries come from when `bin_dir` is not given (the build script).
+    build: Callable[[], Path] | None = None
+    # The clock of the deadline; tests inject one.
+    clock: Callable[[], float] = time.monotonic
 
 
 @dataclass(frozen=True)
@@ -144,14 +150,38 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+@dataclass
+class _Deadline:
+    """The time `up` may take to start and wait, and what it tells the user meanwhile."""
+
+    clock: Callable[[], float]
+    started_at: float
+    timeout: float
+    # A wait longer than this says what it waits for, and again every so often.
+    report_every: float = 5.0
+    sleep: Callable[[float], None] = time.sleep
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started_at
+
+    def passed(self) -> bool:
+        return self.elapsed() > self.timeout
+
+
 def _wait(
     layout: StateLayout,
     what: str,
     check: Callable[[], bool],
     watched: list[str],
-    deadline: float,
+    deadline: _Deadline,
 ) -> None:
-    """Poll `check` until it holds; fail at once if a watched component has exited."""
+    """Poll `check` until it holds; fail at once if a watched component has exited.
+
+    A wait that lasts more than a few seconds says what it waits for and how much of the
+    deadline is spent, so a slow start is never silent.
+    """
+    began = deadline.clock()
+    next_report = began + deadline.report_every
     while True:
         if check():
             return
@@ -161,18 +191,27 @@ def _wait(
                     f"{name} exited while waiting for {what}; last lines of "
                     f"{layout.log(name)}:\n{_tail(layout.log(name))}"
                 )
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out waiting for {what}; logs are in {layout.logs}")
-        time.sleep(0.25)
+        if deadline.passed():
+            raise ClusterError(
+                f"timed out after {deadline.timeout:.0f}s waiting for {what}; "
+                f"logs are in {layout.logs}"
+            )
+        now = deadline.clock()
+        if now >= next_report:
+            log.info(
+                "waiting for %s: %.0fs so far, %.0fs of the %.0fs deadline spent",
+                what, now - began, deadline.elapsed(), deadline.timeout,
+            )
+            next_report = now + deadline.report_every
+        deadline.sleep(0.25)
 
 
 def up(options: UpOptions) -> LocalCluster:
     """Start whatever of the cluster is not running and wait until it is healthy."""
-    started_at = time.monotonic()
-    deadline = started_at + options.timeout
     layout = StateLayout(options.state_dir.resolve())
     layout.root.mkdir(parents=True, exist_ok=True)
-    bin_dir = options.bin_dir or build_control_plane()
+    bin_dir = options.bin_dir or (options.build or build_control_plane)()
+    deadline = _Deadline(options.clock, options.clock(), options.timeout)
     previous = load_settings(layout)
     node_running = processes.running(layout.pid(NODE_AGENT)) is not None
     settings = ClusterSettings(
@@ -191,7 +230,7 @@ def up(options: UpOptions) -> LocalCluster:
     _ensure_running(layout, apiserver, layout.root)
     probe = ApiProbe(layout, settings.server)
     _wait(layout, "the API server", probe.ready, [etcd.name, apiserver.name], deadline)
-    log.info("API server ready after %.1fs", time.monotonic() - started_at)
+    log.info("API server ready after %.1fs", deadline.elapsed())
 
     _ensure_running(layout, controller_manager, layout.root)
     _ensure_running(layout, scheduler, layout.root)
@@ -224,7 +263,7 @@ def up(options: UpOptions) -> LocalCluster:
             watched,
             deadline,
         )
-    log.info("cluster healthy after %.1fs", time.monotonic() - started_at)
+    log.info("cluster healthy after %.1fs", deadline.elapsed())
     return LocalCluster(layout.root, settings)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from e2e.local import processes
+from e2e.local import controlplane, processes
 from e2e.local.controlplane import NODE_AGENT, load_settings
 from e2e.local.paths import StateLayout
 
@@ -75,3 +76,40 @@ def test_up_twice_status_and_down(tmp_path: Path) -> None:
     after = local("status", "--state-dir", str(state))
     assert after.returncode == 1
     assert "no cluster" in after.stdout
+
+
+class _SteppedClock:
+    """time.monotonic plus a jump the stand-in build makes: the build 'takes' an hour."""
+
+    def __init__(self) -> None:
+        self.jump = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.jump
+
+
+def test_up_deadline_starts_after_a_build_longer_than_it(tmp_path: Path) -> None:
+    """A cold build takes minutes; the timeout covers starting and waiting only."""
+    clock = _SteppedClock()
+    bin_dir = controlplane.build_control_plane()
+
+    def slow_build() -> Path:
+        clock.jump += 3600.0
+        return bin_dir
+
+    state = tmp_path / "state"
+    options = controlplane.UpOptions(
+        state_dir=state,
+        python=sys.executable,
+        with_node=False,
+        timeout=60.0,
+        build=slow_build,
+        clock=clock,
+    )
+    try:
+        cluster = controlplane.up(options)
+        assert clock.jump == 3600.0
+        assert controlplane.healthy(cluster.state_dir) is not None
+    finally:
+        controlplane.down(state)
+

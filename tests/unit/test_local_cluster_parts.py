@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from e2e.local import certs, components, kubeconfig
+from e2e.local import certs, components, controlplane, kubeconfig
 from e2e.local.components import ClusterSettings, Ports
 from e2e.local.paths import StateLayout, default_state_dir
 
@@ -127,3 +128,41 @@ def test_settings_survive_the_state_file() -> None:
 )
 def test_default_state_dir(env: dict[str, str], expected: str) -> None:
     assert default_state_dir(env, Path("/home/u")) == Path(expected)
+
+
+class _FakeTime:
+    """A clock that moves only when the wait sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_long_wait_says_what_it_waits_for_and_the_timeout_names_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = _FakeTime()
+    deadline = controlplane._Deadline(fake.clock, fake.now, 12.0, sleep=fake.sleep)
+    caplog.set_level(logging.INFO, logger="e2e.local.controlplane")
+    timed_out = r"timed out after 12s waiting for the scheduler"
+    with pytest.raises(controlplane.ClusterError, match=timed_out):
+        controlplane._wait(StateLayout(tmp_path), "the scheduler", lambda: False, [], deadline)
+    reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert reports == [
+        "waiting for the scheduler: 5s so far, 5s of the 12s deadline spent",
+        "waiting for the scheduler: 10s so far, 10s of the 12s deadline spent",
+    ]
+
+
+def test_a_short_wait_is_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    fake = _FakeTime()
+    deadline = controlplane._Deadline(fake.clock, fake.now, 12.0, sleep=fake.sleep)
+    answers = iter([False] * 8 + [True])
+    caplog.set_level(logging.INFO, logger="e2e.local.controlplane")
+    controlplane._wait(StateLayout(tmp_path), "the API server", lambda: next(answers), [], deadline)
+    assert [r for r in caplog.records if r.getMessage().startswith("waiting for")] == []
