@@ -26,7 +26,7 @@ from typing import Any
 
 from reconciler import conditions as cond
 from reconciler import kube as k
-from reconciler import pool_status
+from reconciler import pool_status, scheduling
 from reconciler import swap as s
 from reconciler.idle import idle_check
 from reconciler.logs import ObjectLogger
@@ -44,7 +44,13 @@ from reconciler.render import (
     router_object_name,
 )
 from reconciler.settings import Settings
-from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
+from reconciler.spec import (
+    DEFAULT_GPU_RESOURCE,
+    ModelPoolSpec,
+    ModelRouterSpec,
+    ModelServerSpec,
+    SpecError,
+)
 from reconciler.timefmt import parse, rfc3339
 from reconciler.workqueue import QueueShutDown, WorkQueue
 
@@ -559,6 +565,7 @@ class Controller:
         pods: dict[str, int] = {}
         scheduled: dict[str, int] = {}
         ready: dict[str, int] = {}
+        unschedulable: dict[str, str] = {}
         for pod in self.pods.items(namespace):
             member = _labels(pod).get(LABEL_SERVER) or ""
             if member not in members or not _pod_active(pod):
@@ -568,7 +575,21 @@ class Controller:
                 scheduled[member] = scheduled.get(member, 0) + 1
             if _pod_ready(pod):
                 ready[member] = ready.get(member, 0) + 1
-        return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready)
+            refused = scheduling.refusal(pod)
+            if refused is not None and member not in unschedulable:
+                unschedulable[member] = self._unschedulable(namespace, member, refused)
+        return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready,
+                            unschedulable=unschedulable)
+
+    def _unschedulable(self, namespace: str, member: str, message: str) -> str:
+        """The scheduler's refusal, naming the pods in view that hold the GPU it lacks."""
+        try:
+            resource = ModelServerSpec.from_body(
+                self.servers.get(namespace, member) or {}).resources.gpu_resource
+        except SpecError:
+            resource = DEFAULT_GPU_RESOURCE
+        return scheduling.explain(member, message, resource,
+                                  scheduling.holders(self.pods.items(), resource))
 
     async def reconcile_pool(self, namespace: str, name: str) -> None:
         body = self.pools.get(namespace, name)

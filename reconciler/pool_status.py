@@ -125,7 +125,12 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
     else:
         ready = (False, "ResidentNotReady", f"{state.resident} has no Ready pod")
     reconciling = None
-    if swap is not None:
+    if swap is not None and swap.unschedulable is not None:
+        # The swap cannot go on until the scheduler places the target: say why, in Ready
+        # (what `kubectl get` and GitOps tools show) and in Reconciling.
+        reconciling = (s.UNSCHEDULABLE, swap.unschedulable)
+        ready = (False, s.UNSCHEDULABLE, swap.unschedulable)
+    elif swap is not None:
         reconciling = ("Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
     problem = state.problem
     stalled = None

@@ -65,6 +65,7 @@ IDLE_CHECK_FAILED = "IdleCheckFailed"
 IDLE_PROBE_UNSUPPORTED = "IdleProbeUnsupported"
 SWAP_BUDGET_EXCEEDED = "SwapBudgetExceeded"
 NOT_A_MEMBER = "NotAMember"
+UNSCHEDULABLE = "Unschedulable"
 
 # Metric phase names (DESIGN.md "Metrics").
 METRIC_PHASES = ("drain", "unload", "schedule", "load")
@@ -138,6 +139,9 @@ class Swap:
     # A return to the default (swapPolicy reclaim): only ever taken from an idle member;
     # a busy one, or any request, calls it off without a trace.
     reclaim: bool = False
+    # While Loading: why the scheduler will not place the target (its message, and what
+    # holds the resource); None once it is placed or before it was refused.
+    unschedulable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,11 +158,14 @@ class LastSwap:
 
 @dataclass(frozen=True)
 class MemberPods:
-    """Pods per member: all that exist (terminating ones too), scheduled, Ready."""
+    """Pods per member: all that exist (terminating ones too), scheduled, Ready, and for
+    a member whose pod the scheduler refused, why (its message, and what holds what it
+    lacks, as far as the reconciler sees)."""
 
     pods: Mapping[str, int] = field(default_factory=dict)
     scheduled: Mapping[str, int] = field(default_factory=dict)
     ready: Mapping[str, int] = field(default_factory=dict)
+    unschedulable: Mapping[str, str] = field(default_factory=dict)
 
     def count(self, member: str) -> int:
         return self.pods.get(member, 0)
@@ -628,8 +635,15 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
             durations=(*swap.durations, ("schedule", now - swap.phase_started)),
         )
         state = replace(state, swap=swap)
+    refused = observed.unschedulable.get(swap.to) if swap.scheduled_at is None else None
+    actions: list[Action] = []
+    if refused != swap.unschedulable:
+        if refused is not None and swap.unschedulable is None:
+            actions.append(EmitEvent("Warning", UNSCHEDULABLE, refused))
+        swap = replace(swap, unschedulable=refused)
+        state = replace(state, swap=swap)
     if observed.ready.get(swap.to, 0) < 1:
-        return state, []
+        return state, actions
     loaded_from = swap.scheduled_at if swap.scheduled_at is not None else swap.phase_started
     swap = replace(swap, durations=(*swap.durations, ("load", now - loaded_from)))
     duration = now - swap.started
@@ -642,7 +656,7 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
         outcome=Outcome.SUCCEEDED,
     )
     message = f"{swap.to} is resident (from {swap.from_ or '(none)'}, {duration:.1f}s)"
-    actions: list[Action] = [
+    actions += [
         EmitEvent("Normal", "SwapCompleted", message),
         RecordSwap(swap.from_, swap.to, duration, swap.durations),
     ]
@@ -664,6 +678,9 @@ def _abandon(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     if swap.phase is Phase.DRAINING:
         why = swap.deferral.reason if swap.deferral else "draining"
         message = f"{swap.from_} not drained within swapBudget {budget:g}s ({why})"
+    elif swap.unschedulable is not None:
+        message = (f"{swap.to} not Ready within swapBudget {budget:g}s "
+                   f"({UNSCHEDULABLE}: {swap.unschedulable})")
     else:
         message = f"{swap.to} not Ready within swapBudget {budget:g}s"
     return _end(state, now, Outcome.ABANDONED, SWAP_BUDGET_EXCEEDED, message)

@@ -142,6 +142,17 @@ class PoolView:
     swap: tuple[str, str, str] | None = None  # from, to, phase
     request: tuple[str | None, int] | None = None  # member, generation
     last_swap: Json = field(default_factory=dict)
+    # Why the swap cannot go on (the Ready condition's message while the scheduler will
+    # not place the target), else None.
+    unschedulable: str | None = None
+
+
+def unschedulable_message(obj: Mapping[str, Any]) -> str | None:
+    """The pool's word on a member the scheduler will not place, if it says so."""
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("reason") == "Unschedulable":
+            return str(c.get("message") or "")
+    return None
 
 
 def pool_view(obj: Mapping[str, Any]) -> PoolView:
@@ -149,6 +160,7 @@ def pool_view(obj: Mapping[str, Any]) -> PoolView:
     swap = status.get("swap")
     request = status.get("request")
     return PoolView(
+        unschedulable=unschedulable_message(obj),
         phase=str(status.get("phase") or "-"),
         resident=status.get("residentMember"),
         swap=(str(swap.get("from") or "(none)"), str(swap.get("to")), str(swap.get("phase")))
@@ -179,6 +191,8 @@ def describe_pool_change(old: PoolView, new: PoolView, phase_seconds: float | No
             lines.append(f"swap {old.swap[0]} -> {old.swap[1]} ended{ended}")
     if (new.phase, new.resident) != (old.phase, old.resident):
         lines.append(f"phase {new.phase}, resident {new.resident or '(none)'}")
+    if new.unschedulable is not None and new.unschedulable != old.unschedulable:
+        lines.append(f"Unschedulable: {new.unschedulable}")
     if new.last_swap != old.last_swap and new.last_swap:
         last = new.last_swap
         reason = f" ({last.get('reason')}: {last.get('message')})" if last.get("reason") else ""
@@ -397,21 +411,32 @@ def _phase_line(before: Mapping[str, float], after: Mapping[str, float]) -> str:
     return ", ".join(parts) if parts else "no phase recorded"
 
 
-async def _install_examples(kubectl: Kubectl, example: Example) -> harness.Pod:
+async def _install_examples(
+    kubectl: Kubectl, example: Example, narrator: Narrator, wait: float
+) -> harness.Pod:
     """Apply examples/ and wait (in threads: kubectl blocks) until the router and pool are
-    Ready; return the router's pod."""
+    Ready; return the router's pod. A pool that cannot load because the scheduler will
+    not place its member ends the wait with the pool's own words."""
     await asyncio.to_thread(harness.install_examples, kubectl)
     (router,) = await asyncio.to_thread(
-        harness.wait_router_ready, kubectl, example.namespace, example.router, None, 120.0
+        harness.wait_router_ready, kubectl, example.namespace, example.router, None, wait
     )
-    await asyncio.to_thread(
-        harness.wait_pool_ready, kubectl, example.namespace, example.pool, None, 180.0
-    )
+    try:
+        await asyncio.to_thread(
+            harness.wait_pool_ready, kubectl, example.namespace, example.pool, None, wait
+        )
+    except AssertionError as e:
+        blocked = narrator.pool.unschedulable
+        if blocked is None:
+            raise
+        raise DemoError(f"pool {example.namespace}/{example.pool} cannot load after "
+                        f"{wait:g}s: {blocked}") from e
     return router
 
 
 async def script(
-    out: TextIO, kubectl: Kubectl, example: Example, reconciler: harness.Pod
+    out: TextIO, kubectl: Kubectl, example: Example, reconciler: harness.Pod,
+    wait: float = 180.0,
 ) -> harness.Pod:
     """Install the example pool and run the requests, narrated; return the router's pod."""
     import openai
@@ -433,7 +458,7 @@ async def script(
                 f"{', '.join(example.members)} in {example.namespace}, router "
                 f"{example.router}; the pool cold-loads {example.default}"
             )
-            router = await _install_examples(kubectl, example)
+            router = await _install_examples(kubectl, example, narrator, wait)
             narrator.router_metrics_url = harness.metrics_url(router)
             timeline.say("router", f"{example.router} is Ready at {router.ip}")
             client = openai.AsyncOpenAI(
@@ -508,8 +533,22 @@ Stop everything:
 """, file=out, flush=True)
 
 
-def run_demo(state_dir: Path, out: TextIO = sys.stdout, gpus: int = 1) -> int:
-    """Bring everything up, narrate the script, leave it running."""
+def _already_running(kubectl: Kubectl, example: Example) -> harness.Pod | None:
+    """The router's pod when the demo's pool and router are both Ready now, else None."""
+    try:
+        harness.wait_pool_ready(kubectl, example.namespace, example.pool, None, 0.0)
+        (router,) = harness.wait_router_ready(kubectl, example.namespace, example.router,
+                                              None, 0.0)
+    except (AssertionError, DemoError, ValueError):
+        return None
+    return router
+
+
+def run_demo(
+    state_dir: Path, out: TextIO = sys.stdout, gpus: int = 1, wait: float = 180.0
+) -> int:
+    """Bring everything up, narrate the script, leave it running. `wait` bounds each wait
+    for the example's router and pool to turn Ready."""
     try:
         # Imported here so that `modelpool-local up` needs no test dependencies.
         import openai
@@ -520,6 +559,16 @@ def run_demo(state_dir: Path, out: TextIO = sys.stdout, gpus: int = 1) -> int:
     # The SDK's HTTP client logs every request at INFO; the timeline says it better.
     for name in ("httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    running = controlplane.healthy(state_dir)
+    if running is not None:
+        kubectl = _kubectl(running)
+        example = example_names(harness.rendered_install(kubectl, harness.EXAMPLES))
+        router = _already_running(kubectl, example)
+        if router is not None:
+            print(f"== the demo is already running in {running.state_dir}: nothing was "
+                  "started or changed", file=out, flush=True)
+            _print_ready(out, kubectl, example, router, running.state_dir)
+            return 0
     print("== starting the local cluster (the first run builds Kubernetes: minutes)",
           file=out, flush=True)
     try:
@@ -529,21 +578,25 @@ def run_demo(state_dir: Path, out: TextIO = sys.stdout, gpus: int = 1) -> int:
     except controlplane.ClusterError as e:
         print(f"the cluster did not come up: {e}", file=sys.stderr)
         return 1
-    kubectl = Kubectl(cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir
-                                                                          / "kubectl"))
+    kubectl = _kubectl(cluster)
     try:
         example = example_names(harness.rendered_install(kubectl, harness.EXAMPLES))
         print("== installing modelpool: kubectl apply --server-side -k overlays/local",
               file=out, flush=True)
         installation = harness.install(kubectl)
         reconciler = harness.wait_reconciler_ready(kubectl, installation)
-        router = asyncio.run(script(out, kubectl, example, reconciler))
+        router = asyncio.run(script(out, kubectl, example, reconciler, wait))
     except (DemoError, AssertionError, TimeoutError, openai.OpenAIError) as e:
         print(f"the demo stopped: {e}\nlogs: {cluster.layout.logs} and the pods' logs under "
               f"{cluster.node_state_dir}", file=sys.stderr)
         return 1
     _print_ready(out, kubectl, example, router, cluster.state_dir)
     return 0
+
+
+def _kubectl(cluster: controlplane.LocalCluster) -> Kubectl:
+    return Kubectl(cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir
+                                                                       / "kubectl"))
 
 
 def add_parser(commands: Any, parents: Sequence[Any]) -> None:
@@ -553,9 +606,11 @@ def add_parser(commands: Any, parents: Sequence[Any]) -> None:
         help="start everything, install the example pool, show a swap; leaves it running",
     )
     demo.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu on the node")
+    demo.add_argument("--wait", type=float, default=180.0,
+                      help="seconds to wait for the example's router and pool to be Ready")
 
 
 def main(args: Any) -> int:
     """`modelpool-local demo` (args from the CLI's parser)."""
-    return run_demo(Path(args.state_dir), gpus=int(args.gpus))
+    return run_demo(Path(args.state_dir), gpus=int(args.gpus), wait=float(args.wait))
 

@@ -218,8 +218,12 @@ def condition(obj: Json, type_: str) -> Json | None:
 
 
 async def ready_with(running: Running, member: str) -> Json:
+    return await ready_with_pool(running, "slot", member)
+
+
+async def ready_with_pool(running: Running, pool_name: str, member: str) -> Json:
     async def check() -> Json | None:
-        body = await running.pool()
+        body = await running.pool(pool_name)
         status = body.get("status") or {}
         if status.get("phase") == "Ready" and status.get("residentMember") == member:
             return body
@@ -671,3 +675,36 @@ async def test_reclaim_hands_the_slot_back_to_the_default_once_idle(
     last = body["status"]["lastSwap"]
     assert (last["from"], last["to"], last["outcome"]) == ("b", "a", "Succeeded")
     assert reconciler.sample("modelpool_swaps_total", pool="slot", **{"from": "b", "to": "a"}) == 1
+
+
+async def test_a_member_the_scheduler_will_not_place_is_reported_with_who_holds_the_gpu(
+    reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
+) -> None:
+    """The node's one GPU is held by another pool's member: the second pool says why it
+    cannot load (condition and Event, naming the holder) instead of waiting silently,
+    and loads as soon as the GPU is free."""
+    apply(kubectl, namespace, server("hog", gpu=1), pool(["hog"], default="hog", name="other"))
+    await ready_with_pool(reconciler, "other", "hog")
+    (holder,) = [p["metadata"]["name"] for p in kubectl.json(
+        "get", "pods", "-n", namespace, "-l", "modelpool.dev/model-server=hog")["items"]]
+
+    apply(kubectl, namespace, server("a", gpu=1), pool(["a"], default="a", budget="300s"))
+
+    async def refused() -> Json | None:
+        ready = condition(await reconciler.pool(), "Ready")
+        return ready if ready is not None and ready["reason"] == "Unschedulable" else None
+
+    ready = await eventually(refused, "the pool to say its member is unschedulable")
+    assert ready["status"] == "False"
+    assert "Insufficient nvidia.com/gpu" in ready["message"], ready
+    assert f"nvidia.com/gpu is held by {namespace}/{holder} on " in ready["message"], ready
+    reconciling = condition(await reconciler.pool(), "Reconciling")
+    assert reconciling is not None and reconciling["status"] == "True"
+    assert reconciling["reason"] == "Unschedulable"
+    await event_seen(kubectl, namespace, "slot", f"held by {namespace}/{holder}")
+
+    kubectl("delete", "modelpool", "other", "-n", namespace)
+    kubectl("delete", "modelserver", "hog", "-n", namespace)
+    body = await ready_with(reconciler, "a")
+    resident = condition(body, "Ready")
+    assert resident is not None and resident["reason"] == "Resident"

@@ -116,3 +116,16 @@ def test_the_cli_offers_demo(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["demo", "--help"])
     assert exit_.value.code == 0
     assert "--state-dir" in capsys.readouterr().out
+
+
+def test_a_pool_that_says_its_member_is_unschedulable_is_narrated_once() -> None:
+    why = "gemma cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    body = {"status": {"phase": "Swapping", "conditions": [
+        {"type": "Ready", "status": "False", "reason": "Unschedulable", "message": why},
+    ]}}
+    view = demo.pool_view(body)
+    assert view.unschedulable == why
+    assert f"Unschedulable: {why}" in demo.describe_pool_change(demo.PoolView(), view, None)
+    assert demo.describe_pool_change(view, view, None) == []
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Resident"}]}}
+    assert demo.pool_view(ready).unschedulable is None

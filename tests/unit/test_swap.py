@@ -420,3 +420,34 @@ def test_members_not_seen_yet_keep_a_new_pool_cold_until_they_come_or_time_is_up
     stalled, actions = s.step(state, SpecObserved(CONFIG, 1, missing), 4.0)
     assert actions == [EmitEvent("Warning", "MemberNotFound", "ModelServer not found: b")]
     assert s.phase_of(stalled) == "Degraded"
+
+
+def refused(member: str, why: str) -> MemberPods:
+    """A pod of `member` that exists but that the scheduler would not place."""
+    return MemberPods(pods={member: 1}, unschedulable={member: why})
+
+
+def test_a_target_the_scheduler_refuses_is_reported_once_and_cleared_when_placed() -> None:
+    why = "a cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    state, _ = s.step(PoolState(config=CONFIG), MembersObserved(pods()), 0.0)
+    state, actions = s.step(state, MembersObserved(refused("a", why)), 1.0)
+    assert kinds(actions, EmitEvent) == [EmitEvent("Warning", s.UNSCHEDULABLE, why)]
+    assert state.swap is not None and state.swap.unschedulable == why
+    # the same refusal seen again, or one with other words, posts nothing more
+    state, actions = s.step(state, MembersObserved(refused("a", why)), 2.0)
+    assert kinds(actions, EmitEvent) == []
+    state, actions = s.step(state, MembersObserved(refused("a", why + " held by x")), 3.0)
+    assert kinds(actions, EmitEvent) == []
+    assert state.swap is not None and state.swap.unschedulable == why + " held by x"
+    state, actions = s.step(state, MembersObserved(loading(a=1)), 4.0)
+    assert state.swap is not None and state.swap.unschedulable is None
+    assert kinds(actions, EmitEvent) == []
+
+
+def test_a_swap_abandoned_while_unschedulable_says_why() -> None:
+    why = "a cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    state, _ = run(PoolState(config=CONFIG), [(0.0, MembersObserved(pods())),
+                                              (1.0, MembersObserved(refused("a", why)))])
+    state, _ = s.step(state, Tick(), 100.0)
+    assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
+    assert state.last_swap.message == f"a not Ready within swapBudget 100s (Unschedulable: {why})"

@@ -104,3 +104,22 @@ def test_a_new_pool_waiting_for_its_members_is_in_progress_not_stalled() -> None
     assert status["phase"] == "Degraded"
     conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conditions["Stalled"] == ("True", "MemberNotFound")
+
+
+def test_a_target_the_scheduler_refuses_shows_in_ready_and_reconciling() -> None:
+    why = "a cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    state, _ = s.step(s.PoolState(config=CONFIG), s.MembersObserved(s.MemberPods()), T0)
+    refused = s.MemberPods(pods={"a": 1}, unschedulable={"a": why})
+    state, _ = s.step(state, s.MembersObserved(refused), T0 + 1)
+    conditions = {c["type"]: c for c in ps.pool_status(state, None, T0 + 1)["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False",
+                                                                              "Unschedulable")
+    assert conditions["Ready"]["message"] == why
+    assert (conditions["Reconciling"]["status"], conditions["Reconciling"]["reason"],
+            conditions["Reconciling"]["message"]) == ("True", "Unschedulable", why)
+    assert conditions["Stalled"]["status"] == "False"
+
+    placed = s.MemberPods(pods={"a": 1}, scheduled={"a": 1})
+    state, _ = s.step(state, s.MembersObserved(placed), T0 + 2)
+    conditions = {c["type"]: c for c in ps.pool_status(state, None, T0 + 2)["conditions"]}
+    assert conditions["Reconciling"]["reason"] == "Swapping"

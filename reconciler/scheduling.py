@@ -1,0 +1,66 @@
+"""Why the scheduler will not place a member's pod, in words a person can act on.
+
+The scheduler says why on the pod (condition `PodScheduled`, reason `Unschedulable`):
+"0/1 nodes are available: 1 Insufficient nvidia.com/gpu. ...". It does not say who holds
+the resource. The reconciler sees the pods of every member it manages, so it names those
+of them that hold the resource the message says is short; a holder it does not watch
+(another workload) it cannot name, and says so. Pure functions of pod bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+UNSCHEDULABLE = "Unschedulable"  # the scheduler's reason, and the pool's
+
+
+def refusal(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when it refused to place `pod`, else None."""
+    status = pod.get("status") or {}
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for c in status.get("conditions") or []:
+        refused = c.get("status") == "False" and c.get("reason") == UNSCHEDULABLE
+        if c.get("type") == "PodScheduled" and refused:
+            return str(c.get("message") or "no node fits")
+    return None
+
+
+def requests(pod: Mapping[str, Any], resource: str) -> int:
+    """How much of `resource` the pod's containers ask for (limits count for extended
+    resources, which need no request)."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        amount = (resources.get("limits") or {}).get(resource)
+        if amount is None:
+            amount = (resources.get("requests") or {}).get(resource)
+        try:
+            total += int(str(amount)) if amount is not None else 0
+        except ValueError:
+            continue
+    return total
+
+
+def holders(pods: Iterable[Mapping[str, Any]], resource: str) -> list[str]:
+    """`namespace/name on node` of the placed, unfinished pods that hold `resource`."""
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or phase in ("Succeeded", "Failed") or requests(pod, resource) < 1:
+            continue
+        found.append(f"{meta.get('namespace')}/{meta.get('name')} on {node}")
+    return sorted(found)
+
+
+def explain(member: str, message: str, resource: str, held_by: list[str]) -> str:
+    """One line: which member, what the scheduler said, and who holds what it lacks."""
+    text = f"{member} cannot be scheduled: {message.strip()}"
+    if f"Insufficient {resource}" not in message:
+        return text
+    if held_by:
+        return f"{text} {resource} is held by {', '.join(held_by)}"
+    return f"{text} {resource} is held by no pod that modelpool manages"
