@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -140,3 +141,53 @@ async def test_no_run_of_stale_502s_after_the_resident_dies(
         assert [r[0] for r in results] == [200] * 6
         assert time.monotonic() - started < 5.0
         assert len(coder.received) == 6
+
+
+def config_with(*, budget: float, header_timeout: float, max_held: int = 100) -> RouterConfig:
+    config = router_config(budget=budget, max_held=max_held)
+    return replace(config, response_header_timeout_seconds=header_timeout)
+
+
+async def test_a_hold_outlasts_the_response_header_timeout_up_to_the_swap_budget(
+    upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
+) -> None:
+    """swapBudget bounds the hold; responseHeaderTimeout (a generation's time) starts only
+    once the member is resident. A hold longer than the generation timeout is answered."""
+    _, coder_url, gemma, gemma_url = upstreams
+    pools = FakeCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
+    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    async with run_stack(Stack(pools, config_with(budget=30, header_timeout=0.2))) as stack:
+        held = asyncio.create_task(stack.post("gemma"))
+        await eventually(lambda: len(pools.requests_for("gemma")) == 1)
+        # The property is about time itself: the hold must survive well past the 0.2 s
+        # generation timeout, so a window of three times it is the check.
+        await stays(lambda: not held.done(), window=0.6)
+        pools.set_endpoints("gemma", "127.0.0.1", port=port_of(gemma_url))
+        pools.set_pool("heavy", resident_member="gemma")
+        status, body, _ = await held
+        assert status == 200, body
+        assert len(gemma.received) == 1
+
+
+async def test_over_max_held_requests_the_client_gets_503_with_retry_after_never_429(
+    upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
+) -> None:
+    _, coder_url, gemma, _ = upstreams
+    pools = FakeCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
+    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    async with run_stack(Stack(pools, config_with(budget=30, header_timeout=5,
+                                                  max_held=1))) as stack:
+        held = asyncio.create_task(stack.post("gemma"))
+        await eventually(lambda: stack.registry.get_sample_value(
+            "modelpool_held_requests", {"router": "chat", "pool": "heavy", "member": "gemma"}
+        ) == 1)
+        status, body, headers = await stack.post("gemma")
+        assert status == 503, (status, body)
+        assert int(headers["Retry-After"]) >= 1
+        assert body["error"]["code"] == "too_many_held_requests"
+        assert body["error"]["type"]
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+        assert gemma.received == []

@@ -136,7 +136,8 @@ async def reconciler(
 
 
 def server(name: str, *, load_time: float = 0.5, fail_load: bool = False,
-           runtime: str = "llamacpp", idle: Json | None = None, gpu: int = 0) -> Json:
+           runtime: str = "llamacpp", idle: Json | None = None, gpu: int = 0,
+           unload_time: float = 0.0) -> Json:
     """A member run by the fake model server. No GPU by default: the testbed's node has
     one, shared by every test namespace (and by whoever else uses a reused cluster), so a
     GPU request would make these tests wait on others. Without the scheduler's help the
@@ -146,6 +147,8 @@ def server(name: str, *, load_time: float = 0.5, fail_load: bool = False,
            {"name": "FAKE_MODEL_TOKENS_PER_SECOND", "value": "10"}]
     if fail_load:
         env.append({"name": "FAKE_MODEL_FAIL_LOAD", "value": "1"})
+    if unload_time:
+        env.append({"name": "FAKE_MODEL_UNLOAD_TIME", "value": str(unload_time)})
     spec: Json = {
         "runtime": runtime,
         "image": FAKE_MODEL,
@@ -232,33 +235,46 @@ async def ready_with_pool(running: Running, pool_name: str, member: str) -> Json
     return await eventually(check, f"pool Ready with {member} resident", within=90)
 
 
-async def active_members(kube: Kube, namespace: str) -> set[str]:
-    """Members with a pod that may hold the GPU (terminating pods included)."""
-    pods, _ = await kube.list_all(PODS, namespace, "modelpool.dev/model-server")
-    return {
-        p["metadata"]["labels"]["modelpool.dev/model-server"]
-        for p in pods
-        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-    }
+def _active_member(pod: Json) -> str | None:
+    """The member a pod belongs to while it may hold the GPU (terminating included)."""
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    return ((pod.get("metadata") or {}).get("labels") or {}).get("modelpool.dev/model-server")
 
 
 @contextlib.asynccontextmanager
 async def sampling(kube: Kube, namespace: str) -> AsyncIterator[list[set[str]]]:
-    """Samples which members have pods every 100 ms while the block runs."""
+    """Which members have pods, after every pod event while the block runs: a watch, not
+    a poll, so an overlap however short is seen. The first sample is the listed state."""
     samples: list[set[str]] = []
+    listed = asyncio.Event()
 
     async def loop() -> None:
+        pods, version = await kube.list_all(PODS, namespace, "modelpool.dev/model-server")
+        members = {p["metadata"]["name"]: _active_member(p) for p in pods}
+        samples.append({m for m in members.values() if m})
+        listed.set()
         while True:
-            samples.append(await active_members(kube, namespace))
-            await asyncio.sleep(0.1)
+            async for type_, pod in kube.watch(PODS, namespace, version,
+                                               "modelpool.dev/model-server"):
+                version = pod["metadata"].get("resourceVersion", version)
+                if type_ == "BOOKMARK":
+                    continue
+                name = pod["metadata"]["name"]
+                members[name] = None if type_ == "DELETED" else _active_member(pod)
+                samples.append({m for m in members.values() if m})
 
     task = asyncio.create_task(loop())
     try:
+        await asyncio.wait_for(listed.wait(), 30)
         yield samples
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        # the sampler's own failure is the test's failure, not a quiet empty list
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise AssertionError("the pod watch failed") from task.exception()
 
 
 async def test_a_cold_pool_loads_its_default_then_a_request_swaps_without_overlap(
@@ -517,14 +533,31 @@ async def test_an_idle_reconciler_makes_no_writes(
             before, quiet_since = now, time.monotonic()
         assert time.monotonic() - started < 60, "the reconciler never went quiet"
     assert before[0], "no object shows the reconciler as a field manager"
-    await asyncio.sleep(6)
+
+    # Nothing runs on a timer, so idleness is shown by waking the reconciler on purpose:
+    # annotations change no spec, yet every object it reads (and the Deployments it owns)
+    # is reconciled again. Once each kind's reconcile count moved, nothing may be written.
+    def reconciles(kind: str) -> float:
+        value = reconciler.registry.get_sample_value(
+            "modelpool_reconcile_total", {"kind": kind, "result": "success"})
+        return value or 0.0
+
+    counted = {kind: reconciles(kind) for kind in ("ModelServer", "ModelPool", "ModelRouter")}
+    for target in ("modelserver/a", "modelserver/b", "modelpool/slot", "modelrouter/chat",
+                   "deployment/a", "deployment/chat-router"):
+        kubectl("annotate", "-n", namespace, "--overwrite", target, "test.modelpool.dev/poke=1")
+    for kind, count in counted.items():
+        async def moved(kind: str = kind, count: float = count) -> bool | None:
+            return reconciles(kind) > count or None
+
+        await eventually(moved, f"{kind} reconciled again", 20)
     after = footprint()
     assert after[2] == before[2], "the reconciler sent writes while idle"
     assert after[1] == before[1], "the reconciler posted Events while idle"
     assert after[0] == before[0]
 
 
-async def test_an_unreachable_idle_probe_fails_closed(
+async def test_an_idle_probe_answering_an_error_status_fails_closed(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:
     """The incumbent's idle endpoint answers 404 (a generic member whose idle metric lives
@@ -540,7 +573,9 @@ async def test_an_unreachable_idle_probe_fails_closed(
 
     c = await eventually(deferred, "SwapDeferred IdleCheckFailed", 20)
     assert "404" in c["message"]
-    for _ in range(10):  # it stays so: probed again, failing closed each time
+    # It stays so, probed again every 0.5 s and failing closed each time. What must not
+    # happen has no event to wait for: a window of several probe intervals is the check.
+    for _ in range(10):
         assert replicas(kubectl, namespace, "a") == 1
         assert replicas(kubectl, namespace, "b") == 0
         await asyncio.sleep(0.3)
@@ -708,3 +743,21 @@ async def test_a_member_the_scheduler_will_not_place_is_reported_with_who_holds_
     body = await ready_with(reconciler, "a")
     resident = condition(body, "Ready")
     assert resident is not None and resident["reason"] == "Resident"
+
+
+async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_gone(
+    reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
+) -> None:
+    """Terminating pods still hold the GPU. The incumbent takes seconds to unload after
+    SIGTERM, and nothing but the reconciler stops the target from starting meanwhile (the
+    members ask for no GPU, so the scheduler admits both at once): the target's pod is
+    created only after the incumbent's pod is gone, as a watch of every pod event shows."""
+    apply(kubectl, namespace, server("a", unload_time=3), server("b"), pool(["a", "b"]))
+    await ready_with(reconciler, "a")
+    async with sampling(reconciler.kube, namespace) as samples:
+        await reconciler.request("b")
+        await ready_with(reconciler, "b")
+    assert {"a"} in samples and {"b"} in samples, samples
+    assert all(len(s) <= 1 for s in samples), [s for s in samples if len(s) > 1]
+    body = await reconciler.pool()
+    assert body["status"]["lastSwap"]["outcome"] == "Succeeded"

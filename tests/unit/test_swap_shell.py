@@ -320,3 +320,40 @@ async def test_a_scale_that_failed_is_retried_by_the_members_own_key() -> None:
     assert Key(SERVER, NS, "b") in c.queue._timers  # again after the backoff
     assert c.queue.failures(Key(SERVER, NS, "b")) == 1
     c.queue.shutdown()
+
+
+class RaisingProbe:
+    """A probe whose own code fails (not a model server answering an error status)."""
+
+    async def probe(self, check: IdleCheck, addresses: Sequence[tuple[str, int]]
+                    ) -> tuple[s.Verdict, str]:
+        raise RuntimeError("the probe itself broke")
+
+
+async def test_an_idle_probe_that_raises_fails_closed() -> None:
+    kube = FakeKube()
+    c = controller(kube, [pod("a")])
+    c.probe = RaisingProbe()
+    body = pool_body({
+        "phase": "Ready", "residentMember": "a", "residentSince": "2026-11-30T10:00:00Z",
+        "request": {"member": "b", "generation": 3}})
+    body["metadata"]["resourceVersion"] = "1000000"  # the echoes of status writes carry no spec
+    c.pools.cache[(NS, "slot")] = body
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, resident="a", resident_since=NOW - 60,
+        observed=s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, ready={"a": 1}))
+    await c.reconcile_pool(NS, "slot")
+    await asyncio.gather(*c._probes)
+    assert c._idle_results[(NS, "slot")] == [
+        s.IdleResult("a", s.Verdict.FAILED, "RuntimeError")]
+    assert Key(POOL, NS, "slot") in queued(c)  # the answer wakes the pool
+
+    await c.reconcile_pool(NS, "slot")
+    state = c.pool_states[(NS, "slot")]
+    assert state.swap is not None and state.swap.phase is s.Phase.DRAINING
+    assert state.swap.deferral == s.Deferral(
+        s.IDLE_CHECK_FAILED, "idle check of a failed: RuntimeError")
+    assert state.problem is None, state.problem
+    assert s.desired_replicas(state) == {"a": 1, "b": 0}
+    assert ("apply", "Deployment", "b") not in kube.calls
+    assert state.resident == "a"
