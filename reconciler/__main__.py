@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -19,6 +21,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import aiohttp
+import httpx
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -35,6 +38,10 @@ from telemetry.health import make_health_app
 log = logging.getLogger("reconciler")
 
 
+# Seconds between attempts to reach the API server at start.
+_CONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+
+
 class Stopped(Exception):
     """SIGTERM or SIGINT: leave the TaskGroup."""
 
@@ -42,6 +49,23 @@ class Stopped(Exception):
 async def _supervised(name: str, work: Coroutine[Any, Any, None]) -> None:
     await work
     raise RuntimeError(f"{name} stopped unexpectedly")
+
+
+async def _connect(kubeconfig: str | None, stop: asyncio.Event) -> Kube | None:
+    """A client once the API server answers (None if stopped first): a reconciler started
+    before its API server is reachable waits for it, serving /healthz meanwhile, instead
+    of crash-looping."""
+    for attempt in itertools.count():
+        try:
+            return await Kube.connect(kubeconfig)
+        except httpx.TransportError as e:
+            delay = _CONNECT_BACKOFF[min(attempt, len(_CONNECT_BACKOFF) - 1)]
+            log.warning("API server not reachable (%s: %s); trying again in %gs",
+                        type(e).__name__, e, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+            return None
+    raise AssertionError("unreachable")
 
 
 async def run(
@@ -59,19 +83,35 @@ async def run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    kube = await Kube.connect(settings.kubeconfig)
+    # Ready once the caches are synced: a standby waiting for the Lease is ready too (it
+    # is healthy and takes over the moment it leads). Served from the start, so the
+    # metrics and health answer while the API server is still out of reach.
+    synced = asyncio.Event()
+    runner = web.AppRunner(make_health_app(registry, synced.is_set), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.bind_host, settings.metrics_port)
+        await site.start()
+        log.info("metrics and health on %s:%d", settings.bind_host, settings.metrics_port)
+        kube = await _connect(settings.kubeconfig, stop)
+        if kube is None:
+            log.info("stopping before the API server answered")
+            return
+        try:
+            await _reconcile(settings, kube, metrics, stop, synced)
+        finally:
+            await kube.close()
+    finally:
+        await runner.cleanup()
+
+
+async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
+                     stop: asyncio.Event, synced: asyncio.Event) -> None:
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
         controller = Controller(kube, settings, metrics, Renderer(), probe)
-        # Ready once the caches are synced: a standby waiting for the Lease is ready too (it
-        # is healthy and takes over the moment it leads).
-        runner = web.AppRunner(make_health_app(registry, controller.ready.is_set),
-                               access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, settings.bind_host, settings.metrics_port)
-        await site.start()
-        log.info("metrics and health on %s:%d", settings.bind_host, settings.metrics_port)
+        controller.ready = synced
 
         async def lead() -> None:
             if elector is not None:
@@ -98,8 +138,6 @@ async def run(
             metrics.leader.set(0)
             if elector is not None:
                 await elector.release()
-            await runner.cleanup()
-            await kube.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

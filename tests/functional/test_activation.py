@@ -184,10 +184,12 @@ def router_config(
 class Router:
     """One router replica: an Activation running against the shared fake pools."""
 
-    def __init__(self, pools: FakeCluster, config: RouterConfig, name: str = "chat-a"):
+    def __init__(self, pools: FakeCluster, config: RouterConfig, name: str = "chat-a",
+                 clock: Callable[[], float] = time.monotonic):
         self.registry = CollectorRegistry()
         self.activation = Activation(
-            config, pools, RouterMetrics(self.registry, "chat"), identity=f"{NS}/chat/{name}"
+            config, pools, RouterMetrics(self.registry, "chat"), identity=f"{NS}/chat/{name}",
+            clock=clock,
         )
         self.config = config
 
@@ -475,7 +477,8 @@ async def test_three_routers_write_one_request_per_wanted_member(pools: FakeClus
         # the one request to be written, then check that no second one follows.
         await eventually(lambda: len(pools.requests_for("gemma")) >= 1)
         await stays(lambda: len(pools.requests_for("gemma")) == 1, window=0.1)
-        assert pools.conflicts >= 1 or len(pools.writes) == 1
+        # (That a router which loses the race re-reads and decides again at once is
+        # test_a_router_that_loses_the_race_re_reads_and_writes_again_at_once.)
         pools.set_endpoints("gemma", "127.0.1.4")
         pools.set_pool("heavy", resident_member="gemma")
         assert len(await asyncio.gather(*held)) == 12
@@ -614,3 +617,42 @@ def parse_backend(raw: dict[str, Any]) -> Any:
         }
     )
     return config.backends[0]
+
+
+class RacedCluster(FakeCluster):
+    """Someone else writes the pool's request just before the router's first write lands,
+    so that write loses its compare-and-swap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raced = False
+
+    async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
+        if not self.raced:
+            self.raced = True
+            self.set_pool(pool, request=PoolRequest("coder", 4, f"{NS}/chat/other"))
+        return await super().write_request(namespace, pool, write)
+
+
+async def test_a_router_that_loses_the_race_re_reads_and_writes_again_at_once() -> None:
+    """A lost compare-and-swap is not an error: the router re-reads the pool and decides
+    again at once. The clock never moves here, so a router that backed off as after a
+    failed write would never write again."""
+    pools = RacedCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 3, "r"))
+    pools.set_endpoints("coder", "127.0.1.3")
+    router = Router(pools, router_config(), clock=lambda: 1000.0)
+
+    async def body() -> None:
+        reads = pools.reads
+        waiter = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: len(pools.requests_for("gemma")) == 1)
+        assert pools.conflicts == 1
+        assert pools.reads > reads  # it re-read the pool after losing
+        [write] = pools.requests_for("gemma")
+        assert write.expected is not None and write.expected.generation == 4
+        assert pools.pools["heavy"].request == PoolRequest("gemma", 5, f"{NS}/chat/chat-a")
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+
+    await running([router], body)
