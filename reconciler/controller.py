@@ -156,15 +156,24 @@ class Controller:
         self.deployments = k.Informer(kube, k.DEPLOYMENTS, ns, self._on_owned, MANAGED)
         self.services = k.Informer(kube, k.SERVICES, ns, self._on_owned, MANAGED)
         self.config_maps = k.Informer(kube, k.CONFIG_MAPS, ns, self._on_owned, MANAGED)
+        # A router's identity and RBAC: cached like the rest, so a router reconciled
+        # again applies them only when they differ from what runs.
+        self.service_accounts = k.Informer(kube, k.SERVICE_ACCOUNTS, ns, self._on_owned,
+                                           MANAGED)
+        self.roles = k.Informer(kube, k.ROLES, ns, self._on_owned, MANAGED)
+        self.role_bindings = k.Informer(kube, k.ROLE_BINDINGS, ns, self._on_owned, MANAGED)
         self.pods = k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER)
         self.informers = [
             self.servers, self.pools, self.routers, self.deployments, self.services,
-            self.config_maps, self.pods,
+            self.config_maps, self.service_accounts, self.roles, self.role_bindings, self.pods,
         ]
         self._cached: dict[tuple[str, str], k.Informer] = {
             ("apps/v1", "Deployment"): self.deployments,
             ("v1", "Service"): self.services,
             ("v1", "ConfigMap"): self.config_maps,
+            ("v1", "ServiceAccount"): self.service_accounts,
+            (k.ROLES.api_version, "Role"): self.roles,
+            (k.ROLE_BINDINGS.api_version, "RoleBinding"): self.role_bindings,
         }
         self.pool_states: dict[tuple[str, str], s.PoolState] = {}
         self._idle_results: dict[tuple[str, str], list[s.IdleResult]] = defaultdict(list)

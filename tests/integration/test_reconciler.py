@@ -552,7 +552,10 @@ async def test_an_idle_reconciler_makes_no_writes(
 
         await eventually(moved, f"{kind} reconciled again", 20)
     after = footprint()
-    assert after[2] == before[2], "the reconciler sent writes while idle"
+    assert after[2] == before[2], ("the reconciler sent writes while idle", [
+        (sample.labels, sample.value) for metric in reconciler.registry.collect()
+        if metric.name == "modelpool_reconciler_api_writes" for sample in metric.samples
+        if sample.name.endswith("_total")])
     assert after[1] == before[1], "the reconciler posted Events while idle"
     assert after[0] == before[0]
 
