@@ -444,7 +444,7 @@ class Activation:
             self._metrics.held(pool, member).set(count)
         if self._events is not None:
             refused = [
-                Refusal(a.member, a.code)
+                Refusal(a.member, a.code, a.status)
                 for a in actions
                 if isinstance(a, Fail) and a.code in events.REPORTED_CODES
             ]
@@ -485,7 +485,8 @@ class Activation:
                 )
                 self._resolve(
                     fail.waiter,
-                    ActivationError(fail.message, code=fail.code, retry_after=fail.retry_after),
+                    ActivationError(fail.message, code=fail.code, status=fail.status,
+                                    retry_after=fail.retry_after),
                 )
             case WriteRequest() as write:
                 if self._kube is not None:

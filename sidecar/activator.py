@@ -239,6 +239,9 @@ class Fail:
     message: str
     retry_after: float
     held_for: float | None
+    # What the client is answered: 503 with Retry-After for every refusal (an OpenAI SDK
+    # retries it after the swap), never 429, which says the client itself sent too much.
+    status: int = 503
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class Refusal:
 
     member: str
     code: str
+    status: int  # what the client was answered
 
 
 # --- notes --------------------------------------------------------------------------------
@@ -91,12 +92,13 @@ def refusals(
 ) -> list[Note]:
     """One note per member and cause for the requests one step of the activator turned
     away, in the order they were first refused. Shutting down is no news: no note."""
-    counts: dict[tuple[str, str], int] = {}
+    counts: dict[tuple[str, str, int], int] = {}
     for r in refused:
         if r.code in REPORTED_CODES:
-            counts[(r.code, r.member)] = counts.get((r.code, r.member), 0) + 1
+            key = (r.code, r.member, r.status)
+            counts[key] = counts.get(key, 0) + 1
     notes: list[Note] = []
-    for (code, member), n in counts.items():
+    for (code, member, status), n in counts.items():
         if code == SWAP_ABANDONED:
             notes.append(
                 Note(
@@ -121,7 +123,7 @@ def refusals(
                 pool,
                 WARNING,
                 HELD_REQUESTS_REJECTED,
-                f"router {router} answered {_requests(n)} for {member} with 503: {why}",
+                f"router {router} answered {_requests(n)} for {member} with {status}: {why}",
                 n,
             )
         )

@@ -58,7 +58,7 @@ def test_swap_requested_names_router_member_resident_and_held(
 
 
 def _refused(*pairs: tuple[str, str]) -> list[Refusal]:
-    return [Refusal(member, code) for member, code in pairs]
+    return [Refusal(member, code, 503) for member, code in pairs]
 
 
 @pytest.mark.parametrize(
@@ -359,3 +359,11 @@ def test_the_decisions_import_nothing_that_waits_or_talks() -> None:
     io = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "logging"}
     assert imported & io == set()
     assert "sidecar" in imported  # it does read the activator's error codes
+
+
+def test_a_rejection_names_the_status_the_client_was_answered() -> None:
+    """The text follows what was sent, not a literal: a refusal answered otherwise says so."""
+    notes = events.refusals(NS, "chat", "heavy", [Refusal("gemma", SWAP_BUDGET_EXCEEDED, 504)],
+                            swap_budget=60, max_held=100)
+    assert [n.message for n in notes] == [
+        "router chat answered 1 request for gemma with 504: swapBudget 60s exceeded"]

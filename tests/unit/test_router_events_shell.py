@@ -140,11 +140,15 @@ async def test_a_flood_of_rejections_posts_one_event(fake: EventfulCluster) -> N
         await eventually(
             lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 1
         )
+        sent = set()
         for _ in range(50):
-            with pytest.raises(ActivationError):
+            with pytest.raises(ActivationError) as caught:
                 await router.call("gemma")
+            sent.add(caught.value.status)
+        assert sent == {503}
         await eventually(lambda: HELD_REQUESTS_REJECTED in reasons(fake))
         rejected = [p for p, _ in fake.posts if p.reason == HELD_REQUESTS_REJECTED]
+        # the Event says what the clients were answered
         assert [p.message for p in rejected] == [
             "router chat answered 1 request for gemma with 503: maxHeldRequests 1 reached"
         ]

@@ -451,3 +451,26 @@ def test_a_swap_abandoned_while_unschedulable_says_why() -> None:
     state, _ = s.step(state, Tick(), 100.0)
     assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
     assert state.last_swap.message == f"a not Ready within swapBudget 100s (Unschedulable: {why})"
+
+
+def test_an_abandoned_swap_scales_its_target_down_in_a_pool_without_a_default() -> None:
+    """Nothing else would: with no default to load, no later unload touches the target."""
+    config = replace(CONFIG, default=None)
+    state, _ = run(
+        resident(config=config),
+        [
+            (10.0, RequestObserved(Request("b", 5))),
+            (11.0, IdleResult("a", Verdict.IDLE)),
+            (12.0, MembersObserved(pods())),
+            (13.0, MembersObserved(loading(b=1))),
+        ],
+    )
+    state, actions = s.step(state, Tick(), 110.0)
+    assert kinds(actions, Scale) == [Scale("b", 0)]
+    assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
+    assert state.swap is None and state.resident is None
+    assert s.desired_replicas(state) == {"a": 0, "b": 0, "c": 0}
+    assert s.phase_of(state) == "Cold"
+    # it stays cold and scales nothing more while b's pod goes
+    state, actions = s.step(state, MembersObserved(loading(b=1)), 111.0)
+    assert actions == [] and state.swap is None
