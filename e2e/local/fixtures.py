@@ -39,9 +39,15 @@ CLUSTER_TIERS = ("integration", "e2e")
 TIERS = ("unit", "functional", *CLUSTER_TIERS)
 # Tests in these directories get the tier marker when they have none.
 DIRECTORY_TIERS = {
+    REPO_ROOT / "tests" / "unit": "unit",
+    REPO_ROOT / "tests" / "functional": "functional",
     REPO_ROOT / "tests" / "integration": "integration",
     REPO_ROOT / "e2e" / "tests": "e2e",
 }
+# ...and these may hold no other tier, so that `pytest -m unit` and `pytest tests/unit`
+# (or -m functional and tests/functional) select the same tests. The cluster tiers keep
+# the pure checks of their own helpers beside them, marked unit.
+STRICT_DIRECTORIES = (REPO_ROOT / "tests" / "unit", REPO_ROOT / "tests" / "functional")
 # Pod Security level enforced in each test namespace. `baseline` admits the model
 # servers' stock images (llama.cpp and vLLM run as root); it still refuses privileged pods.
 NAMESPACE_POD_SECURITY = "baseline"
@@ -59,8 +65,26 @@ def mark_by_directory(items: Sequence[pytest.Item]) -> None:
                 break
 
 
+def _strict_tier(item: pytest.Item) -> str | None:
+    path = Path(str(item.path)).resolve()
+    strict = (d for d in STRICT_DIRECTORIES if path.is_relative_to(d))
+    return next((DIRECTORY_TIERS[d] for d in strict), None)
+
+
 def check_tiers(items: Sequence[pytest.Item]) -> None:
-    """Refuse a test that reaches the cluster without being marked integration or e2e."""
+    """Refuse a test that reaches the cluster without being marked integration or e2e, and
+    one whose tier is not its directory's."""
+    misplaced = [
+        f"{item.nodeid} ({', '.join(marked)})"
+        for item in items
+        if (tier := _strict_tier(item)) is not None
+        and (marked := [t for t in TIERS if item.get_closest_marker(t)]) != [tier]
+    ]
+    if misplaced:
+        raise pytest.UsageError(
+            "these tests are marked with a tier other than their directory's: "
+            + ", ".join(misplaced)
+        )
     offenders = [
         item.nodeid
         for item in items

@@ -46,6 +46,9 @@ class FakeCluster:
         self.pools: dict[str, PoolStatus] = {}
         self.slices: dict[str, EndpointSlice] = {}
         self.writes: list[WriteRequest] = []  # successful ones, in order
+        self.attempts: list[WriteRequest] = []  # every write sent, as it arrives
+        # While set and not released, writes wait at it: a test can hold one in flight.
+        self.write_gate: asyncio.Event | None = None
         self.conflicts = 0
         self.reads = 0
         self.slice_lists = 0
@@ -99,6 +102,9 @@ class FakeCluster:
         return self.pools.get(name)
 
     async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
+        self.attempts.append(write)
+        if self.write_gate is not None:
+            await self.write_gate.wait()
         await asyncio.sleep(0.001)  # let writers from several routers interleave
         current = self.pools[pool]
         if write.expected is not None:
@@ -205,6 +211,16 @@ class Router:
     def sample(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, {"router": "chat", **labels})
         return 0.0 if value is None else value
+
+
+class ManualClock:
+    """The activation's clock, moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
@@ -396,9 +412,14 @@ async def test_a_request_arriving_during_the_withdrawal_survives_it(
     async def body() -> None:
         first = asyncio.create_task(router.call("gemma"))
         await eventually(lambda: len(pools.writes) == 1)
+        pools.write_gate = asyncio.Event()  # the next write is held in flight
         first.cancel()
-        await asyncio.sleep(0)  # the withdrawal is now being written
+        await eventually(lambda: pools.attempts[-1].request.member is None)
+        assert len(pools.writes) == 1  # the withdrawal is being written, not landed
         second = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: router.sample(
+            "modelpool_held_requests", pool="heavy", member="gemma") == 1)
+        pools.write_gate.set()
         await eventually(lambda: len(pools.writes) == 3)
         assert [w.request.member for w in pools.writes] == ["gemma", None, "gemma"]
         assert pools.pools["heavy"].request == PoolRequest("gemma", 6, f"{NS}/chat/chat-a")
@@ -489,7 +510,8 @@ async def test_three_routers_write_one_request_per_wanted_member(pools: FakeClus
 
 async def test_fair_policy_holds_new_requests_for_the_incumbent(pools: FakeCluster) -> None:
     pools.set_pool("heavy", request=PoolRequest("gemma", 4, "demo/chat/chat-z"))
-    router = Router(pools, router_config(policy="fair"))  # maxWaitSeconds 0.2
+    clock = ManualClock()
+    router = Router(pools, router_config(policy="fair"), clock=clock)  # maxWaitSeconds 0.2
 
     async def body() -> None:
         waiter = asyncio.create_task(router.call("gemma"))
@@ -497,7 +519,7 @@ async def test_fair_policy_holds_new_requests_for_the_incumbent(pools: FakeClust
             lambda: router.sample("modelpool_held_requests", pool="heavy", member="gemma") == 1
         )
         assert (await router.call("coder")).backend == "coder"  # before maxWait: admitted
-        await asyncio.sleep(0.25)  # the oldest waiter waits past maxWait (0.2 s)
+        clock.now += 0.2  # the oldest waiter has waited maxWait
         late = asyncio.create_task(router.call("coder"))
         await eventually(
             lambda: router.sample("modelpool_held_requests", pool="heavy", member="coder") == 1

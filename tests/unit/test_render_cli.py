@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,15 +117,3 @@ def test_a_router_without_its_servers_says_which(capsys: pytest.CaptureFixture[s
 def test_a_missing_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run([str(tmp_path / "nope.yaml")], capsys)
     assert code == 1 and "nope.yaml" in err
-
-
-@pytest.mark.functional
-def test_python_dash_m_reconciler_render() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "reconciler", "render", "-n", "demo", *map(str, EXAMPLES)],
-        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert _deployments(objects) == {"gemma": 1, "qwen": 0, "chat-router": 1}
-    assert "config.json: |" in result.stdout  # the config reads as a block, for review

@@ -193,8 +193,9 @@ async def test_a_swap_probes_the_incumbent_without_waiting_for_its_status_or_eve
         config=config(), generation=1, resident="a", resident_since=NOW - 60,
         observed=s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, ready={"a": 1}))
     await asyncio.wait_for(c.reconcile_pool(NS, "slot"), 5)
-    for _ in range(10):  # the probe runs in its own task
-        await asyncio.sleep(0)
+    # the probe runs in its own task (the Event's task stays blocked: not awaited)
+    await asyncio.wait_for(asyncio.gather(
+        *(t for t in c._probes if t.get_name().startswith("probe-"))), 5)
     probe = index(kube.calls, ("probe", "slots", "127.1.0.9"))
     assert probe < index(kube.calls, ("status", "ModelPool", "slot"))
     assert not any(call[0] == "event" for call in kube.calls)  # still held back
@@ -253,8 +254,7 @@ async def test_a_pool_whose_member_is_missing_is_stalled_only_once_it_is_not_new
         "%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - age))
     c.pools.cache[(NS, "slot")] = body
     await c.reconcile_pool(NS, "slot")
-    for _ in range(10):
-        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*c._probes), 5)  # the Events, posted beside it
     status = c.pools.cache[(NS, "slot")]["status"]
     assert status["phase"] == phase
     reasons = {x["type"]: x["reason"] for x in status["conditions"] if x["status"] == "True"}
