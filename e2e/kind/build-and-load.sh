@@ -1,29 +1,111 @@
 #!/usr/bin/env bash
-# Builds the project's three images from the repository root and side-loads them into the
-# kind cluster with `kind load docker-image`, so no pod ever pulls them:
-#   modelpool/reconciler, modelpool/router, modelpool/fake-model, tagged with the project
-#   version from pyproject.toml (the tag manifests/ and examples/ name) unless
-#   MODELPOOL_IMAGE_TAG says otherwise.
+# Builds the project's images with e2e/kind/Dockerfile.python and side-loads them into the
+# kind cluster (`kind load docker-image`), so no pod ever pulls them:
 #
-# Environment:
-#   KIND_CLUSTER_NAME    cluster name (default modelpool)
-#   MODELPOOL_IMAGE_TAG  image tag (default: the version in pyproject.toml)
+#   modelpool/reconciler, modelpool/router, modelpool/fake-model   the version of
+#       pyproject.toml (what manifests/ names) and `e2e` (what the e2e suite names)
+#   modelpool/fake-gpu-plugin                                     the device plugin
+#
+# Dependencies are wheels built on this machine (pip reaches PyPI; a container may not),
+# the device plugin's gRPC stubs are generated from the kubelet module's api.proto with
+# grpcio-tools, both cached by their inputs. The base is python:3.11-slim where it can be
+# pulled, else the Debian root that build-images.sh builds offline.
+#
+#   e2e/kind/build-and-load.sh [CLUSTER]      (default: KIND_CLUSTER_NAME, else modelpool)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-cluster="${KIND_CLUSTER_NAME:-modelpool}"
+cluster="${1:-${KIND_CLUSTER_NAME:-modelpool}}"
+CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
+GRPC_VERSION=1.85.1
+PROTOBUF_VERSION=7.36.2
+KUBELET_MODULE="k8s.io/kubelet@v0.35.4"
+python="$root/.venv/bin/python"
+[[ -x $python ]] || python=python3
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -n 1)"
-tag="${MODELPOOL_IMAGE_TAG:-$version}"
-if [[ -z "$tag" ]]; then
-  echo "cannot tell the image tag: set MODELPOOL_IMAGE_TAG" >&2
-  exit 1
+
+log() { printf '[kind-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# Base image
+base="${MODELPOOL_PYTHON_BASE:-}"
+if [[ -z $base ]]; then
+  if docker image inspect python:3.11-slim >/dev/null 2>&1 || timeout 60 docker pull -q python:3.11-slim >/dev/null 2>&1; then
+    base=python:3.11-slim
+  else
+    base="$(bash "$here/build-images.sh" --root | tail -n 1)"
+  fi
 fi
 
-for name in reconciler router fake-model; do
-  image="modelpool/${name}:${tag}"
-  echo "building $image"
-  docker build -f "$here/Dockerfile.${name}" -t "$image" "$root"
-  echo "loading $image into kind cluster $cluster"
-  kind load docker-image --name "$cluster" "$image"
+# Wheels of the runtime dependencies, at the versions this checkout's venv runs.
+requirements="$("$python" - <<'PY'
+import importlib.metadata as md
+names = ["kr8s", "aiohttp", "pyyaml", "jinja2", "prometheus-client", "uvloop", "httptools"]
+print("\n".join(f"{n}=={md.version(n)}" for n in names))
+PY
+)"
+requirements="$requirements
+grpcio==$GRPC_VERSION
+protobuf==$PROTOBUF_VERSION"
+key="$(printf '%s' "$requirements" | sha256sum | cut -c1-16)"
+wheels="$CACHE/kind/wheels-$key"
+if [[ ! -f $wheels/requirements.txt ]]; then
+  log "building wheels of the dependencies into $wheels"
+  rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
+  printf '%s\n' "$requirements" >"$wheels.tmp/reqs"
+  "$python" -m pip wheel -q --disable-pip-version-check -w "$wheels.tmp" -r "$wheels.tmp/reqs"
+  mv "$wheels.tmp/reqs" "$wheels.tmp/requirements.txt"
+  rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+fi
+
+# gRPC stubs of the device plugin API, from the kubelet module's proto.
+stubs="$CACHE/kind/deviceplugin-stubs-kubelet-${KUBELET_MODULE#*@}-grpcio-$GRPC_VERSION"
+if [[ ! -f $stubs/api_pb2_grpc.py ]]; then
+  tools="$CACHE/kind/grpcio-tools-$GRPC_VERSION"
+  if [[ ! -x $tools/bin/python ]]; then
+    log "installing grpcio-tools $GRPC_VERSION into $tools"
+    python3 -m venv "$tools"
+    "$tools/bin/pip" install -q --disable-pip-version-check "grpcio-tools==$GRPC_VERSION"
+  fi
+  proto_dir="$(cd "$CACHE/kind/work" 2>/dev/null || cd /tmp; GOFLAGS= go mod download -json "$KUBELET_MODULE" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/pkg/apis/deviceplugin/v1beta1"
+  mkdir -p "$stubs.tmp"
+  "$tools/bin/python" -m grpc_tools.protoc -I "$proto_dir" --python_out="$stubs.tmp" \
+    --grpc_python_out="$stubs.tmp" "$proto_dir/api.proto"
+  rm -rf "$stubs" && mv "$stubs.tmp" "$stubs"
+fi
+
+# build NAME PROGRAM SOURCES...: one image, tagged with the version and `e2e`.
+build() {
+  local name="$1" program="$2"; shift 2
+  local ctx
+  ctx="$(mktemp -d)"
+  mkdir -p "$ctx/app" "$ctx/stubs"
+  cp -R "$wheels" "$ctx/wheels"
+  local s
+  for s in "$@"; do
+    mkdir -p "$ctx/app/$(dirname "$s")"
+    cp -R "$root/$s" "$ctx/app/$s"
+  done
+  find "$ctx/app" -name __pycache__ -prune -exec rm -rf {} +
+  if [[ $program == e2e.device_plugin ]]; then cp "$stubs"/*.py "$ctx/stubs/"; fi
+  cp "$here/Dockerfile.python" "$ctx/Dockerfile"
+  local args=(--build-arg "BASE=$base" --build-arg "PROGRAM=$program"
+              -t "modelpool/$name:$version" -t "modelpool/$name:e2e" "$ctx")
+  DOCKER_BUILDKIT=0 docker build -q "${args[@]}" >/dev/null 2>&1 || {
+    DOCKER_BUILDKIT=0 docker build "${args[@]}" >&2; exit 1; }
+  rm -rf "$ctx"
+  log "modelpool/$name:$version (and :e2e) built on $base"
+}
+
+build reconciler reconciler reconciler telemetry templates
+build router sidecar sidecar telemetry
+build fake-model e2e.fake_model e2e/__init__.py e2e/fake_model
+build fake-gpu-plugin e2e.device_plugin e2e/__init__.py e2e/device_plugin
+
+# One load of them all: their shared layers cross to each node once.
+images=()
+for name in reconciler router fake-model fake-gpu-plugin; do
+  images+=("modelpool/$name:$version" "modelpool/$name:e2e")
 done
+bash "$here/kind.sh" load docker-image --name "$cluster" "${images[@]}" >/dev/null
+log "images loaded into kind cluster $cluster"

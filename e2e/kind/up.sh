@@ -1,53 +1,141 @@
 #!/usr/bin/env bash
-# One command for a kind cluster ready for the e2e suite: creates the cluster (unless it
-# exists), advertises a fake GPU on the worker, builds and side-loads the images, installs
-# modelpool with `kubectl apply -k overlays/kind`, waits for the reconciler, and prints the
-# kubeconfig path as its last line. Needs docker, kind and kubectl.
+# A kind cluster for the e2e tier, offline if need be: one control-plane node and two worker
+# nodes whose fake GPU device plugin advertises 1 and 2 `nvidia.com/gpu`, pod networking
+# across nodes by flannel (host-gw), CoreDNS, the project's images side-loaded, modelpool
+# installed from overlays/kind. Idempotent: an existing cluster of this name is reused.
+# Prints each stage's time, and the kubeconfig path as its last line.
 #
 # Environment:
 #   KIND_CLUSTER_NAME          cluster name (default modelpool)
-#   KIND_NODE_IMAGE            kindest/node image (default: kind's own)
-#   MODELPOOL_KIND_KUBECONFIG  where to write the kubeconfig
-#                              (default ~/.kube/kind-$KIND_CLUSTER_NAME.yaml)
-#   MODELPOOL_GPUS, MODELPOOL_IMAGE_TAG  passed on to the scripts below
+#   MODELPOOL_KIND_KUBECONFIG  where to write the kubeconfig (default: in the cache)
+#   MODELPOOL_KIND_NODE_IMAGE  a node image to use as it is (skips the pull and the build)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cluster="${KIND_CLUSTER_NAME:-modelpool}"
-kubeconfig="${MODELPOOL_KIND_KUBECONFIG:-$HOME/.kube/kind-${cluster}.yaml}"
+CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
+kubeconfig="${MODELPOOL_KIND_KUBECONFIG:-$CACHE/kind/$cluster.kubeconfig}"
+K8S_VERSION="${MODELPOOL_K8S_VERSION:-v1.35.4}"
+OFFICIAL_NODE="kindest/node:$K8S_VERSION"
 
-for tool in docker kind kubectl; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "$tool is required (see e2e/kind/README.md)" >&2
-    exit 1
+log() { printf '[kind-up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+stage_start=$SECONDS
+stage() { log "stage done in $((SECONDS - stage_start))s: $1"; stage_start=$SECONDS; }
+
+bash "$here/docker-engine.sh"
+stage "docker engine"
+TOOLS="$(bash "$here/build-tools.sh" | tail -n 1)"
+export PATH="$TOOLS:$PATH"
+stage "tools (kind, kubelet, kubeadm, CNI, flannel, CoreDNS)"
+kubectl_() { kubectl --kubeconfig "$kubeconfig" "$@"; }
+
+# The node image: given, else kind's official one where it can be pulled, else built here.
+cni=flannel
+node_image="${MODELPOOL_KIND_NODE_IMAGE:-}"
+if [[ -z $node_image ]]; then
+  if docker image inspect "$OFFICIAL_NODE" >/dev/null 2>&1 || timeout 60 docker pull -q "$OFFICIAL_NODE" >/dev/null 2>&1; then
+    node_image="$OFFICIAL_NODE"
+    cni=kindnet  # the official image carries kind's own CNI
+    log "using kind's node image $node_image"
+  else
+    log "$OFFICIAL_NODE cannot be pulled here: building a node image offline"
+    node_image="$(bash "$here/build-images.sh" | tail -n 1)"
   fi
-done
+fi
+stage "node image $node_image"
 
-clusters="$(kind get clusters 2>/dev/null)"
-if grep -qx "$cluster" <<<"$clusters"; then
-  echo "kind cluster $cluster exists; reusing it"
+# Host accommodations, each only where its probe says so.
+# 1. kind runs its nodes with --privileged; where runc cannot apply the full capability set
+#    (a host without CAP_SYS_RESOURCE), kind.sh gives kind a docker that asks for everything
+#    else instead.
+if docker run --rm --privileged --entrypoint /bin/true "$node_image" >/dev/null 2>&1; then
+  export MODELPOOL_KIND_UNPRIVILEGED=0
 else
-  create=(kind create cluster --name "$cluster" --config "$here/cluster.yaml" --wait 180s)
-  if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then
-    create+=(--image "$KIND_NODE_IMAGE")
-  fi
-  "${create[@]}"
+  log "docker run --privileged fails here (no CAP_SYS_RESOURCE?): kind runs its nodes without it"
+  export MODELPOOL_KIND_UNPRIVILEGED=1
+fi
+kind_() { bash "$here/kind.sh" "$@"; }
+# 2. kubelet 1.35 refuses cgroup v1 unless told otherwise.
+cgroup_patch=""
+if [[ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]]; then
+  log "cgroup v1 host: the kubelets run with failCgroupV1: false"
+  cgroup_patch='
+kubeadmConfigPatches:
+- |
+  kind: KubeletConfiguration
+  failCgroupV1: false'
 fi
 
-mkdir -p "$(dirname "$kubeconfig")"
-kind get kubeconfig --name "$cluster" >"$kubeconfig"
-export KUBECONFIG="$kubeconfig"
-export KIND_CLUSTER_NAME="$cluster"
+config="$CACHE/kind/$cluster.config.yaml"
+mkdir -p "$(dirname "$config")" "$(dirname "$kubeconfig")"
+cat >"$config" <<EOF
+# written by e2e/kind/up.sh
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+networking:
+  disableDefaultCNI: $([[ $cni == flannel ]] && echo true || echo false)
+  podSubnet: 10.244.0.0/16
+nodes:
+- role: control-plane
+- role: worker
+  labels:
+    modelpool.dev/fake-gpus: "1"
+- role: worker
+  labels:
+    modelpool.dev/fake-gpus: "2"$cgroup_patch
+EOF
 
-"$here/gpu-node-patch.sh"
-"$here/build-and-load.sh"
+if kind_ get clusters 2>/dev/null | grep -qx "$cluster"; then
+  log "kind cluster $cluster exists; reusing it"
+else
+  kind_ create cluster --name "$cluster" --config "$config" \
+    --image "$node_image" --kubeconfig "$kubeconfig" --wait 0s
+fi
+kind_ get kubeconfig --name "$cluster" >"$kubeconfig"
+stage "kind create cluster"
 
-kubectl --context "kind-${cluster}" apply --server-side -k "$root/overlays/kind"
-kubectl --context "kind-${cluster}" wait --for=condition=Established --timeout=60s \
-  crd/modelservers.modelpool.dev crd/modelpools.modelpool.dev crd/modelrouters.modelpool.dev
-kubectl --context "kind-${cluster}" -n modelpool-system rollout status \
-  deployment/modelpool-reconciler --timeout=180s
+if [[ $cni == flannel ]]; then
+  # the flannel image the node image carries (build-images.sh preloads it)
+  flannel_image="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q | grep -m1 'modelpool/flannel:')"
+  sed "s#IMAGE#$flannel_image#" "$here/flannel.yaml" | kubectl_ apply -f - >/dev/null
+fi
+kubectl_ wait --for=condition=Ready node --all --timeout=180s >/dev/null
+kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null
+stage "nodes Ready, CoreDNS up ($cni)"
 
-echo "run the e2e suite with: MODELPOOL_KUBECONFIG=$kubeconfig .venv/bin/pytest -m e2e"
+# Pods are reached from this machine by their own addresses: a route to each node's pod
+# range through the node's address on kind's bridge (needs root; else say how).
+while read -r node cidr; do
+  address="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$node")"
+  if [[ $(id -u) -eq 0 ]]; then
+    ip route replace "$cidr" via "$address"
+  else
+    log "as root, this would add: ip route replace $cidr via $address (tests reach pods by address)"
+  fi
+done < <(kubectl_ get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.spec.podCIDR}{"\n"}{end}')
+stage "routes to the pod networks"
+
+bash "$here/build-and-load.sh" "$cluster"
+stage "project images built and loaded"
+
+kubectl_ apply -f "$here/fake-gpu-plugin.yaml" >/dev/null
+kubectl_ -n kube-system rollout status daemonset/modelpool-fake-gpu-plugin --timeout=180s >/dev/null
+for node in $(kubectl_ get nodes -l modelpool.dev/fake-gpus -o name); do
+  want="$(kubectl_ get "$node" -o jsonpath='{.metadata.labels.modelpool\.dev/fake-gpus}')"
+  for _ in $(seq 1 120); do
+    have="$(kubectl_ get "$node" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')"
+    [[ $have == "$want" ]] && break
+    sleep 0.5
+  done
+  [[ $have == "$want" ]] || { log "$node advertises ${have:-no} nvidia.com/gpu, not $want"; exit 1; }
+done
+stage "fake GPU device plugin registered on every GPU node"
+
+kubectl_ apply --server-side -k "$root/overlays/kind" >/dev/null
+kubectl_ wait --for=condition=Established --timeout=60s \
+  crd/modelservers.modelpool.dev crd/modelpools.modelpool.dev crd/modelrouters.modelpool.dev >/dev/null
+kubectl_ -n modelpool-system rollout status deployment/modelpool-reconciler --timeout=180s >/dev/null
+stage "modelpool installed from overlays/kind"
+
 echo "$kubeconfig"

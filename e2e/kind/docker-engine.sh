@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Makes sure a Docker engine answers. When `docker info` fails:
+# - on a Debian machine where this runs as root (a CI machine, a fresh VM), it installs
+#   Docker's engine from Debian's packages (docker.io) unless dockerd is there already,
+#   starts dockerd in the background, and says so;
+# - anywhere else it changes nothing and stops with a message saying what to install.
+set -euo pipefail
+
+log() { printf '[docker %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 || ! -f /etc/debian_version ]]; then
+  log "no Docker engine answers. Install and start one (Debian/Ubuntu: apt-get install"
+  log "docker.io; elsewhere https://docs.docker.com/engine/install/), then run this again."
+  exit 1
+fi
+if ! command -v dockerd >/dev/null 2>&1; then
+  log "no Docker engine here: installing Debian's docker.io (this machine runs as root)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null
+fi
+log "starting dockerd (log: /var/log/modelpool-dockerd.log)"
+nohup dockerd >/var/log/modelpool-dockerd.log 2>&1 &
+for _ in $(seq 1 120); do
+  if docker info >/dev/null 2>&1; then
+    log "dockerd is up ($(docker version --format '{{.Server.Version}}'))"
+    exit 0
+  fi
+  sleep 0.5
+done
+log "dockerd did not answer within 60s; its log:"
+tail -n 20 /var/log/modelpool-dockerd.log >&2
+exit 1
