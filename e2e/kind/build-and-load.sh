@@ -88,6 +88,7 @@ build() {
   done
   find "$ctx/app" -name __pycache__ -prune -exec rm -rf {} +
   if [[ $program == e2e.device_plugin ]]; then cp "$stubs"/*.py "$ctx/stubs/"; fi
+  if [[ $program == e2e.fake_model ]]; then cp "$here/fake-model/llama-server" "$ctx/app/"; fi
   cp "$here/Dockerfile.python" "$ctx/Dockerfile"
   local args=(--build-arg "BASE=$base" --build-arg "PROGRAM=$program"
               -t "modelpool/$name:$version" -t "modelpool/$name:e2e" "$ctx")

@@ -5,9 +5,13 @@
 # shell that exports its answer (MODELPOOL_KIND_UNPRIVILEGED=1|0).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
+# the kind that build-tools.sh built
+export PATH="$CACHE/kind/tools-k8s-${MODELPOOL_K8S_VERSION:-v1.35.4}/bin:$PATH"
 if [[ -z ${MODELPOOL_KIND_UNPRIVILEGED:-} ]]; then
-  probe_image="${MODELPOOL_KIND_PROBE_IMAGE:-$(docker image ls --format '{{.Repository}}:{{.Tag}}' | head -n 1)}"
-  if docker run --rm --privileged --entrypoint /bin/true "$probe_image" >/dev/null 2>&1; then
+  probe_image="${MODELPOOL_KIND_PROBE_IMAGE:-$(docker image ls --format '{{.Repository}}:{{.Tag}}' 'modelpool/debian-root' | head -n 1)}"
+  # as root, as kind's nodes run (a non-root process gets no capabilities to apply)
+  if [[ -z $probe_image ]] || docker run --rm --privileged --user 0:0 --entrypoint /bin/true "$probe_image" >/dev/null 2>&1; then
     MODELPOOL_KIND_UNPRIVILEGED=0
   else
     MODELPOOL_KIND_UNPRIVILEGED=1

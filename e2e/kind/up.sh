@@ -49,7 +49,7 @@ stage "node image $node_image"
 # 1. kind runs its nodes with --privileged; where runc cannot apply the full capability set
 #    (a host without CAP_SYS_RESOURCE), kind.sh gives kind a docker that asks for everything
 #    else instead.
-if docker run --rm --privileged --entrypoint /bin/true "$node_image" >/dev/null 2>&1; then
+if docker run --rm --privileged --user 0:0 --entrypoint /bin/true "$node_image" >/dev/null 2>&1; then
   export MODELPOOL_KIND_UNPRIVILEGED=0
 else
   log "docker run --privileged fails here (no CAP_SYS_RESOURCE?): kind runs its nodes without it"

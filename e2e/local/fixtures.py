@@ -43,6 +43,7 @@ DIRECTORY_TIERS = {
     REPO_ROOT / "tests" / "functional": "functional",
     REPO_ROOT / "tests" / "integration": "integration",
     REPO_ROOT / "e2e" / "tests": "e2e",
+    REPO_ROOT / "e2e" / "kind_tests": "e2e",
 }
 # ...and these may hold no other tier, so that `pytest -m unit` and `pytest tests/unit`
 # (or -m functional and tests/functional) select the same tests. The cluster tiers keep

@@ -1,0 +1,204 @@
+"""modelpool on kind, judged by a real kubelet: the nodes, the fake GPU device plugin, and
+a pool whose two members fit on one node's two GPUs yet never run together, served through
+a router on a node without GPUs, in namespaces that enforce Pod Security `restricted`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import openai
+import pytest
+
+from e2e import harness
+from e2e.local.fixtures import Kubectl
+
+pytestmark = pytest.mark.timeout(600)
+
+T = TypeVar("T")
+CLUSTER = "modelpool"
+ONE_GPU, TWO_GPUS = f"{CLUSTER}-worker", f"{CLUSTER}-worker2"
+CONTROL_PLANE = f"{CLUSTER}-control-plane"
+PLUGIN = "modelpool-fake-gpu-plugin"
+
+
+def until(check: Callable[[], T | None], what: str, within: float = 60.0) -> T:
+    return harness.eventually(check, what, within)
+
+
+def allocatable(kubectl: Kubectl, node: str) -> str | None:
+    obj = kubectl.json("get", "node", node)
+    value = (obj["status"].get("allocatable") or {}).get("nvidia.com/gpu")
+    return None if value is None else str(value)
+
+
+def plugin_pod(kubectl: Kubectl, node: str) -> Any:
+    pods = kubectl.json("get", "pods", "-n", "kube-system", "-l",
+                        f"app.kubernetes.io/name={PLUGIN}",
+                        "--field-selector", f"spec.nodeName={node}")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"
+               and not p["metadata"].get("deletionTimestamp")]
+    return running[0] if running else None
+
+
+def test_nodes_run_containerd_and_the_kubelet_of_the_release(kind_kubectl: Kubectl) -> None:
+    nodes = kind_kubectl.json("get", "nodes")["items"]
+    assert {n["metadata"]["name"] for n in nodes} == {CONTROL_PLANE, ONE_GPU, TWO_GPUS}
+    for node in nodes:
+        info = node["status"]["nodeInfo"]
+        assert info["containerRuntimeVersion"].startswith("containerd://"), info
+        assert info["kubeletVersion"].startswith("v1.35."), info
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready[0]["status"] == "True", node["metadata"]["name"]
+
+
+def test_the_plugin_advertises_each_nodes_gpus_and_they_go_with_it(
+    kind_kubectl: Kubectl,
+) -> None:
+    assert allocatable(kind_kubectl, ONE_GPU) == "1"
+    assert allocatable(kind_kubectl, TWO_GPUS) == "2"
+    assert allocatable(kind_kubectl, CONTROL_PLANE) is None
+    old = plugin_pod(kind_kubectl, TWO_GPUS)
+    assert old is not None
+    # Without the label the DaemonSet takes its pod off the node (a deleted pod would be
+    # replaced within a second, before the node's status shows the gap).
+    kind_kubectl("label", "node", TWO_GPUS, "modelpool.dev/fake-gpus-")
+    try:
+        until(lambda: True if plugin_pod(kind_kubectl, TWO_GPUS) is None else None,
+              "the plugin's pod to leave the 2-GPU node", 60)
+        # The kubelet drops a plugin's devices from allocatable when its stream ends.
+        until(lambda: True if allocatable(kind_kubectl, TWO_GPUS) == "0" else None,
+              "allocatable nvidia.com/gpu to drop to 0 on the 2-GPU node", 60)
+    finally:
+        kind_kubectl("label", "node", TWO_GPUS, "modelpool.dev/fake-gpus=2", "--overwrite")
+    until(lambda: True if allocatable(kind_kubectl, TWO_GPUS) == "2" else None,
+          "the plugin's new pod to register 2 GPUs again", 120)
+    new = plugin_pod(kind_kubectl, TWO_GPUS)
+    assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
+
+
+def test_a_kubelet_restart_is_followed_by_a_new_registration(kind_kubectl: Kubectl) -> None:
+    pod = plugin_pod(kind_kubectl, ONE_GPU)
+    assert pod is not None
+    name = pod["metadata"]["name"]
+
+    def registrations() -> int:
+        # the kubelet serves the logs: while it restarts, they cannot be read
+        logs = kind_kubectl("logs", "-n", "kube-system", name, check=False)
+        return logs.stdout.count("registered nvidia.com/gpu with the kubelet")
+
+    before = registrations()
+    assert before >= 1
+    subprocess.run(["docker", "exec", ONE_GPU, "systemctl", "restart", "kubelet"], check=True,
+                   timeout=60)
+    # The kubelet removes the plugins' sockets as it starts; the plugin sees its own go.
+    until(lambda: True if registrations() > before else None,
+          "the plugin to register again after the kubelet restarted", 120)
+    until(lambda: True if allocatable(kind_kubectl, ONE_GPU) == "1" else None,
+          "the node to advertise its GPU again", 120)
+
+
+def member(name: str, node: str, unload_time: float = 0.0) -> harness.Json:
+    body = harness.fake_member(name, load_time=1.0, env={
+        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None)
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def router_on_control_plane(name: str, backends: list[str]) -> harness.Json:
+    body = harness.router(name, backends)
+    body["spec"]["proxy"]["nodeSelector"] = {"kubernetes.io/hostname": CONTROL_PLANE}
+    body["spec"]["proxy"]["tolerations"] = [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+         "effect": "NoSchedule"}]
+    return body
+
+
+def member_pods(kubectl: Kubectl, namespace: str) -> list[Any]:
+    return list(kubectl.json("get", "pods", "-n", namespace, "-l", harness.LABEL_SERVER)["items"])
+
+
+@contextlib.asynccontextmanager
+async def members_running(kubectl: Kubectl, namespace: str) -> AsyncIterator[list[set[str]]]:
+    """After every pod event, the members with a pod that may hold a GPU (terminating ones
+    too): a watch, so an overlap however short is seen."""
+    samples: list[set[str]] = []
+    seen: dict[str, str | None] = {}
+    process = await asyncio.create_subprocess_exec(
+        kubectl.binary, f"--kubeconfig={kubectl.kubeconfig}", "get", "pods", "-n", namespace,
+        "-l", harness.LABEL_SERVER, "--watch", "--output-watch-events", "-o", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert process.stdout is not None
+
+    async def read() -> None:
+        assert process.stdout is not None
+        buffer = ""
+        while chunk := await process.stdout.read(65536):
+            events, buffer = harness.split_json_stream(buffer + chunk.decode())
+            for event in events:
+                pod = event["object"]
+                phase = (pod.get("status") or {}).get("phase")
+                gone = event["type"] == "DELETED" or phase in ("Succeeded", "Failed")
+                seen[pod["metadata"]["name"]] = None if gone else (
+                    pod["metadata"]["labels"][harness.LABEL_SERVER])
+                samples.append({m for m in seen.values() if m})
+
+    task = asyncio.create_task(read())
+    try:
+        yield samples
+    finally:
+        process.terminate()
+        await process.wait()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_two_members_that_both_fit_on_the_node_never_run_together(
+    kind_kubectl: Kubectl, restricted_namespace: str,
+) -> None:
+    """Both members pinned to the node with two GPUs, so the scheduler alone would run both;
+    the incumbent takes 3 s to unload. Through a router on the control-plane node (no
+    GPUs), a request for the other member swaps, and a watch of every pod event shows the
+    target's pod only once the incumbent's is gone."""
+    ns = restricted_namespace
+    async with members_running(kind_kubectl, ns) as samples:
+        harness.apply(kind_kubectl, ns, member("alpha", TWO_GPUS, unload_time=3),
+                      member("beta", TWO_GPUS), harness.pool("slot", ["alpha", "beta"],
+                                                             default="alpha"),
+                      router_on_control_plane("chat", ["alpha", "beta"]))
+        (router,) = await asyncio.to_thread(harness.wait_router_ready, kind_kubectl, ns,
+                                            "chat", None, 180.0)
+        await asyncio.to_thread(harness.wait_pool_ready, kind_kubectl, ns, "slot", "alpha",
+                                180.0)
+        client = openai.AsyncOpenAI(base_url=harness.base_url(router), api_key="unused",
+                                    max_retries=0, timeout=180)
+        first = await client.chat.completions.create(
+            model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert first.choices[0].message.content
+        swapped = await client.chat.completions.create(
+            model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert swapped.choices[0].message.content
+        await client.close()
+        await asyncio.to_thread(harness.wait_pool_ready, kind_kubectl, ns, "slot", "beta",
+                                60.0)
+    assert {"alpha"} in samples and {"beta"} in samples, samples
+    assert all(len(s) <= 1 for s in samples), [s for s in samples if len(s) > 1]
+
+    # The router runs where there is no GPU; the member it reached, on the other node.
+    router_node = kind_kubectl.json("get", "pod", "-n", ns, router.name)["spec"]["nodeName"]
+    assert router_node == CONTROL_PLANE
+    (beta,) = [p for p in member_pods(kind_kubectl, ns)
+               if p["metadata"]["labels"][harness.LABEL_SERVER] == "beta"
+               and not p["metadata"].get("deletionTimestamp")]
+    assert beta["spec"]["nodeName"] == TWO_GPUS
+    # It sees the device the plugin allocated, which nothing in its spec declared.
+    declared = json.dumps(beta["spec"])
+    assert "NVIDIA_VISIBLE_DEVICES" not in declared
+    env = kind_kubectl("exec", "-n", ns, beta["metadata"]["name"], "--", "python3", "-c",
+                       "import os; print(os.environ['NVIDIA_VISIBLE_DEVICES'], "
+                       "os.environ['MODELPOOL_GPU_LOCK_DIR'], os.getuid())").stdout.split()
+    assert env[0] in ("0", "1") and env[1] == "/run/modelpool-gpu-locks", env
+    assert env[2] != "0", "the member runs as root"
