@@ -202,3 +202,30 @@ async def test_two_members_that_both_fit_on_the_node_never_run_together(
                        "os.environ['MODELPOOL_GPU_LOCK_DIR'], os.getuid())").stdout.split()
     assert env[0] in ("0", "1") and env[1] == "/run/modelpool-gpu-locks", env
     assert env[2] != "0", "the member runs as root"
+    # The namespace enforces restricted; the kubelet gave both a read-only root.
+    for pod in (beta["metadata"]["name"], router.name):
+        out = kind_kubectl("exec", "-n", ns, pod, "--", "python3", "-c",
+                           ROOT_FS_PROBE).stdout.split()
+        assert out[0] != "0" and out[1] == "read-only", (pod, out)
+
+
+# The user a container runs as, and how its root filesystem is mounted (as the kubelet
+# and the runtime set it up, read from inside).
+ROOT_FS_PROBE = (
+    "import os\n"
+    "root = [line.split()[3].split(',') for line in open('/proc/self/mounts')\n"
+    "        if line.split()[1] == '/']\n"
+    "print(os.getuid(), 'read-only' if 'ro' in root[-1] else 'writable')\n"
+)
+
+
+def test_the_reconciler_runs_restricted_checked_by_the_kubelet(kind_kubectl: Kubectl) -> None:
+    ns = kind_kubectl.json("get", "namespace", "modelpool-system")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = kind_kubectl.json("get", "pods", "-n", "modelpool-system", "-l",
+                             "app.kubernetes.io/name=modelpool-reconciler")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert running, pods
+    out = kind_kubectl("exec", "-n", "modelpool-system", running[0]["metadata"]["name"], "--",
+                       "python3", "-c", ROOT_FS_PROBE).stdout.split()
+    assert out[0] != "0" and out[1] == "read-only", out

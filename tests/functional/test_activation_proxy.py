@@ -70,6 +70,14 @@ async def upstreams() -> AsyncIterator[tuple[FakeUpstream, str, FakeUpstream, st
         yield coder, coder_url, gemma, gemma_url
 
 
+def coder_resident(coder_url: str) -> FakeCluster:
+    """The pool with coder resident at `coder_url`, gemma stopped."""
+    pools = FakeCluster()
+    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
+    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    return pools
+
+
 @asynccontextmanager
 async def run_stack(stack: Stack) -> AsyncIterator[Stack]:
     async with asyncio.TaskGroup() as tg:
@@ -87,9 +95,7 @@ async def test_a_held_request_is_answered_by_the_member_after_its_swap(
     upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
 ) -> None:
     coder, coder_url, gemma, gemma_url = upstreams
-    pools = FakeCluster()
-    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
-    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    pools = coder_resident(coder_url)
     async with run_stack(Stack(pools, router_config(budget=10))) as stack:
         status, _, _ = await stack.post("coder")
         assert status == 200 and len(coder.received) == 1
@@ -106,9 +112,7 @@ async def test_past_the_budget_the_client_gets_503_with_retry_after(
     upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
 ) -> None:
     _, coder_url, gemma, _ = upstreams
-    pools = FakeCluster()
-    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
-    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    pools = coder_resident(coder_url)
     async with run_stack(Stack(pools, router_config(budget=0.3))) as stack:
         status, body, headers = await stack.post("gemma")
         assert status == 503
@@ -154,9 +158,7 @@ async def test_a_hold_outlasts_the_response_header_timeout_up_to_the_swap_budget
     """swapBudget bounds the hold; responseHeaderTimeout (a generation's time) starts only
     once the member is resident. A hold longer than the generation timeout is answered."""
     _, coder_url, gemma, gemma_url = upstreams
-    pools = FakeCluster()
-    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
-    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    pools = coder_resident(coder_url)
     async with run_stack(Stack(pools, config_with(budget=30, header_timeout=0.2))) as stack:
         held = asyncio.create_task(stack.post("gemma"))
         await eventually(lambda: len(pools.requests_for("gemma")) == 1)
@@ -174,9 +176,7 @@ async def test_over_max_held_requests_the_client_gets_503_with_retry_after_never
     upstreams: tuple[FakeUpstream, str, FakeUpstream, str],
 ) -> None:
     _, coder_url, gemma, _ = upstreams
-    pools = FakeCluster()
-    pools.set_pool("heavy", resident_member="coder", request=PoolRequest("coder", 1))
-    pools.set_endpoints("coder", "127.0.0.1", port=port_of(coder_url))
+    pools = coder_resident(coder_url)
     async with run_stack(Stack(pools, config_with(budget=30, header_timeout=5,
                                                   max_held=1))) as stack:
         held = asyncio.create_task(stack.post("gemma"))

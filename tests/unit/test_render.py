@@ -188,6 +188,7 @@ def test_storage_mounts() -> None:
     assert mount in pod["containers"][0]["volumeMounts"]
     host = _one(RENDERER.model_server(GEMMA, replicas=1, owner_uid=None), "Deployment")
     assert host["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
         {"name": "models", "hostPath": {"path": "/var/lib/modelpool/models"}},
         {"name": "home", "emptyDir": {}},
     ]
@@ -200,12 +201,12 @@ def test_runtimes_get_a_writable_home_unless_they_set_one() -> None:
         homes = [e.get("value") for e in c.get("env", []) if e["name"] == "HOME"]
         return homes, [v["name"] for v in pod["spec"]["template"]["spec"].get("volumes", [])]
 
-    assert home(GEMMA) == (["/home/modelpool"], ["models", "home"])
-    assert home(QWEN) == (["/home/modelpool"], ["models", "home", "dshm"])
-    assert home(EMBED) == ([], [])  # generic: the image's own layout
+    assert home(GEMMA) == (["/home/modelpool"], ["tmp", "models", "home"])
+    assert home(QWEN) == (["/home/modelpool"], ["tmp", "models", "home", "dshm"])
+    assert home(EMBED) == ([], ["tmp"])  # generic: the image's own layout, and /tmp
     own = body("ModelServer", "own", {"image": "i", "model": "m",
                                       "env": [{"name": "HOME", "value": "/data"}]})
-    assert home(ModelServerSpec.from_body(own)) == (["/data"], ["home"])
+    assert home(ModelServerSpec.from_body(own)) == (["/data"], ["tmp", "home"])
 
 
 # --- owner references -------------------------------------------------------------------
@@ -256,6 +257,8 @@ def _assert_restricted(pod: dict[str, Any], where: str) -> None:
         csc = c.get("securityContext", {})
         at = f"{where}/{c['name']}"
         assert csc.get("allowPrivilegeEscalation") is False, at
+        # beyond the level: what a container writes goes to a volume, never its image
+        assert csc.get("readOnlyRootFilesystem") is True, at
         assert csc.get("capabilities", {}).get("drop") == ["ALL"], at
         assert set(csc.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}, at
         assert not csc.get("privileged"), at

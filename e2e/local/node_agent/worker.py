@@ -364,7 +364,9 @@ class PodWorker:
         # HOME is the pod's own directory, so `~/.kube/config` of the agent's user can
         # never stand in for a token the pod was not given.
         base = {**settings.base_env, "HOME": str(self.directory)}
-        return argv, {**base, **rewrite_env(env, mounts)}
+        # What the agent injects names host paths already: never rewritten as mount paths
+        # (a pod's /tmp volume must not capture a state directory that lives under /tmp).
+        return argv, {**base, **rewrite_env(env, mounts), **injected}
 
     async def _run_init_containers(self) -> bool:
         """Run each init container to completion, in order, before any other container

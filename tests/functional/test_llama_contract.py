@@ -1,0 +1,194 @@
+"""The fake model server in llama.cpp mode held to a real `llama-server`: one suite, run
+against both, for every answer the project relies on (readiness, the idle probe's
+`/slots`, the OpenAI endpoints, streaming, errors). The real server is built by
+e2e/llama/build-llama-server.sh (the README's test command runs it) and serves a tiny
+model generated here (e2e/llama/models.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from e2e.fake_model.harness import free_port, run_fake_model
+from e2e.llama import models
+from e2e.local.paths import REPO_ROOT
+
+pytestmark = pytest.mark.functional
+
+BUILD = REPO_ROOT / "e2e" / "llama" / "build-llama-server.sh"
+SLOTS = 2
+NAME = "gemma"
+
+
+@dataclass(frozen=True)
+class Server:
+    kind: str
+    base_url: str
+    model_arg: str
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+def llama_server_binary() -> Path:
+    """The binary the build script made (a warm cache answers at once)."""
+    result = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, text=True,
+                            timeout=3600, check=False)
+    assert result.returncode == 0, f"{BUILD} failed (exit {result.returncode})"
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+async def _healthy(url: str, process: asyncio.subprocess.Process | None) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            if process is not None and process.returncode is not None:
+                raise AssertionError(f"llama-server exited {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.05)  # polling a server's start: there is no event to wait on
+    raise AssertionError(f"{url} never answered /health 200")
+
+
+@contextlib.asynccontextmanager
+async def real_server(model: Path, log: Path) -> AsyncIterator[Server]:
+    binary = llama_server_binary()
+    port = free_port()
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "-c", "2048", "-np", str(SLOTS), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        await _healthy(f"http://127.0.0.1:{port}", process)
+        yield Server("real", f"http://127.0.0.1:{port}", str(model))
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
+
+
+@pytest.fixture(params=["fake", "real"])
+async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Server]:
+    model = models.write_model(tmp_path / "models", NAME)
+    if request.param == "real":
+        async with real_server(model, tmp_path / "llama-server.log") as real:
+            yield real
+        return
+    async with run_fake_model("--mode", "llamacpp", "--model", str(model), "-c", "2048",
+                              "-np", str(SLOTS), "--tokens-per-second", "5000",
+                              log_path=tmp_path / "fake.log") as fake:
+        await _healthy(fake.base_url, None)
+        yield Server("fake", fake.base_url, str(model))
+
+
+def client(server: Server) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.openai_url, api_key="unused", max_retries=0,
+                              timeout=60)
+
+
+async def get_json(url: str) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as http, http.get(url) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def test_health_is_200_ok_once_loaded(server: Server) -> None:
+    status, body = await get_json(server.base_url + "/health")
+    assert (status, body) == (200, {"status": "ok"})
+
+
+async def test_slots_list_each_slot_idle_when_nothing_runs(server: Server) -> None:
+    status, body = await get_json(server.base_url + "/slots")
+    assert status == 200 and isinstance(body, list) and len(body) == SLOTS, body
+    for slot in body:
+        assert isinstance(slot["id"], int) and slot["is_processing"] is False, slot
+
+
+async def test_a_slot_is_processing_while_a_generation_runs(server: Server) -> None:
+    """What the idle probe reads to keep a busy incumbent resident."""
+    async with client(server) as c:
+        running = asyncio.create_task(c.completions.create(
+            model=NAME, prompt="the pool", max_tokens=1500))
+        seen = False
+        while not running.done() and not seen:
+            _, slots = await get_json(server.base_url + "/slots")
+            assert isinstance(slots, list)
+            seen = any(s["is_processing"] for s in slots)
+        await running
+    assert seen, "no slot ever read as processing during a 1500-token generation"
+    _, slots = await get_json(server.base_url + "/slots")
+    assert isinstance(slots, list) and not any(s["is_processing"] for s in slots)
+
+
+async def test_chat_completion_runs_to_max_tokens(server: Server) -> None:
+    async with client(server) as c:
+        reply = await c.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+    assert reply.object == "chat.completion"
+    (choice,) = reply.choices
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 8
+
+
+async def test_completion_runs_to_max_tokens(server: Server) -> None:
+    async with client(server) as c:
+        reply = await c.completions.create(model=NAME, prompt="the pool", max_tokens=6)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text and reply.choices[0].finish_reason == "length"
+
+
+async def test_chat_streams_chunks_and_ends_with_done(server: Server) -> None:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+            "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(
+            server.openai_url + "/chat/completions", json=body) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        text = (await r.read()).decode()
+    frames = [f for f in text.split("\n\n") if f.strip()]
+    assert frames[-1] == "data: [DONE]", frames[-3:]
+    chunks = [json.loads(f.removeprefix("data: ")) for f in frames[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+
+
+async def test_bad_json_is_an_openai_400(server: Server) -> None:
+    async with aiohttp.ClientSession() as http, http.post(
+            server.openai_url + "/chat/completions", data=b"{not json",
+            headers={"Content-Type": "application/json"}) as r:
+        status, body = r.status, await r.json(content_type=None)
+    assert status == 400
+    assert body["error"]["type"] == "invalid_request_error", body
+
+
+async def test_a_prompt_over_the_context_is_a_400(server: Server) -> None:
+    """The router passes this through unchanged: the client sees the server's own 400."""
+    prompt = "the pool " * 3000
+    async with client(server) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await c.completions.create(model=NAME, prompt=prompt, max_tokens=4)
+    assert caught.value.status_code == 400
+
+
+async def test_models_name_the_model_as_it_was_given(server: Server) -> None:
+    status, body = await get_json(server.openai_url + "/models")
+    assert status == 200 and isinstance(body, dict)
+    assert [m["id"] for m in body["data"]] == [server.model_arg], body
+
+
+def test_the_build_script_pins_its_version() -> None:
+    text = BUILD.read_text()
+    assert 'VERSION=11434.0.0' in text and os.access(BUILD, os.X_OK)
