@@ -260,7 +260,8 @@ def fake_member(
     env: Mapping[str, str] | None = None,
     image: str = FAKE_MODEL_IMAGE,
 ) -> Json:
-    """A ModelServer served by the fake model server in llama.cpp mode (model id `name`)."""
+    """A ModelServer served by the fake model server in llama.cpp mode, its model named
+    `name` by `--alias` (as llama-server names it)."""
     variables = {
         "FAKE_MODEL_LOAD_TIME": str(load_time),
         "FAKE_MODEL_TOKENS_PER_SECOND": str(tokens_per_second),
@@ -274,7 +275,7 @@ def fake_member(
             "runtime": "llamacpp",
             "image": image,
             "model": f"/models/{name}.gguf",
-            "args": ["--mode", "llamacpp"],
+            "args": ["--mode", "llamacpp", "--alias", name],
             "env": [{"name": k, "value": v} for k, v in variables.items()],
             "resources": {"gpu": 1},
         },

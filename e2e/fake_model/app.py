@@ -155,7 +155,20 @@ async def _completion(request: web.Request, kind: replies.Kind) -> web.StreamRes
         field = "messages" if kind == "chat" else "prompt"
         return _error(400, f"'{field}' is required", "invalid_request_error")
 
-    use = replies.usage(replies.count_tokens(prompt), n_tokens)
+    prompt_tokens = replies.count_tokens(prompt)
+    if settings.ctx_size is not None:
+        # As llama.cpp: the context is shared by the slots; a prompt over one slot's share
+        # is a 400, as plain JSON even when the request asked for a stream.
+        n_ctx = settings.ctx_size // settings.parallel
+        if prompt_tokens >= n_ctx:
+            return web.json_response({"error": {
+                "code": 400,
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": prompt_tokens,
+                "n_ctx": n_ctx,
+            }}, status=400)
+    use = replies.usage(prompt_tokens, n_tokens)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     created = int(time.time())

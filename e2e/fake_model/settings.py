@@ -19,7 +19,7 @@ WEIGHT_EXTENSIONS = frozenset({".gguf", ".bin", ".safetensors", ".pt", ".pth", "
 NO_DEVICES = frozenset({"", "void", "none"})
 
 # Short flags that real servers accept, rewritten to the long names we parse.
-SHORT_ALIASES = {"-m": "--model", "-a": "--alias", "-np": "--parallel"}
+SHORT_ALIASES = {"-m": "--model", "-a": "--alias", "-np": "--parallel", "-c": "--ctx-size"}
 
 
 class Mode(enum.StrEnum):
@@ -42,6 +42,9 @@ class Settings:
     tokens_per_second: float = 50.0
     max_tokens_default: int = 16
     parallel: int = 4
+    # llama.cpp's --ctx-size: shared by the slots; a prompt that does not fit one slot's
+    # share is refused. None: no limit (vLLM, or llama.cpp given no size).
+    ctx_size: int | None = None
     fail_load: bool = False
     unload_time: float = 0.0
     gpu_ids: tuple[str, ...] = ()
@@ -65,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens-per-second", type=float, default=None)
     parser.add_argument("--max-tokens-default", type=int, default=16)
     parser.add_argument("--parallel", "--max-num-seqs", dest="parallel", type=int, default=4)
+    parser.add_argument("--ctx-size", type=int, default=None)
     parser.add_argument("--fail-load", action="store_true", default=None)
     parser.add_argument("--unload-time", type=float, default=None)
     return parser
@@ -131,6 +135,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         model_id = args.served_model_name[0]
     elif args.alias:
         model_id = args.alias
+    elif args.mode == Mode.LLAMACPP.value and model:
+        # llama-server names its model by the path as given (in /v1/models and in every
+        # reply), as tests/functional/test_llama_contract.py holds it to.
+        model_id = model
     else:
         model_id = served_model_id(model)
 
@@ -149,6 +157,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise SettingsError("load and unload times cannot be negative")
     if args.parallel < 1:
         raise SettingsError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise SettingsError(f"--ctx-size must be at least 1, got {args.ctx_size}")
 
     bind_host = env.get("MODELPOOL_BIND_HOST", "").strip()
     lock_dir = env.get("MODELPOOL_GPU_LOCK_DIR", "").strip()
@@ -162,6 +172,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         tokens_per_second=tokens_per_second,
         max_tokens_default=args.max_tokens_default,
         parallel=args.parallel,
+        ctx_size=args.ctx_size if args.mode == Mode.LLAMACPP.value else None,
         fail_load=bool(args.fail_load) or _env_flag(env, "FAKE_MODEL_FAIL_LOAD"),
         unload_time=unload_time,
         gpu_ids=gpu_ids(env.get("NVIDIA_VISIBLE_DEVICES")),

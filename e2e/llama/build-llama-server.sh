@@ -6,7 +6,8 @@
 # (GGML_NATIVE=OFF: the binary also runs in the kind node's containers). Prints the binary's
 # path as its last line. Needs a C/C++ toolchain and cmake (Debian's build-essential, cmake).
 #
-# Environment: MODELPOOL_CACHE, MODELPOOL_LLAMA_JOBS (default: the number of cores).
+# Environment: MODELPOOL_CACHE, MODELPOOL_LLAMA_JOBS (default: the number of cores),
+# MODELPOOL_LLAMA_NO_BUILD=1 (only say where the binary is: exit 3 when it is not built).
 set -euo pipefail
 
 VERSION=11434.0.0
@@ -22,6 +23,10 @@ if [[ -x $BIN ]]; then
   log "cache warm: $BIN"
   echo "$BIN"
   exit 0
+fi
+if [[ ${MODELPOOL_LLAMA_NO_BUILD:-} == 1 ]]; then
+  log "not built yet: run $0 (scripts/test does)"
+  exit 3
 fi
 for tool in cmake c++ python3; do
   command -v "$tool" >/dev/null || { log "$tool is required to build llama-server"; exit 1; }

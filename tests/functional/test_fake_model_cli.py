@@ -27,7 +27,8 @@ async def test_llama_server_command_line(tmp_path: Path) -> None:
             reply = await client.chat.completions.create(
                 model="qwen", messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
-    assert ids == ["qwen"]
+    assert ids == ["/models/qwen.gguf"]  # llama-server's way: the path as given
+    assert reply.model == "/models/qwen.gguf"
     assert reply.choices[0].message.content == "the pool"
     assert "-ngl 99" in server.log()  # logged as ignored
 

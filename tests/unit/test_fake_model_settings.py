@@ -35,12 +35,13 @@ VLLM_ARGV = (
         (
             LLAMA_SERVER_ARGV,
             {},
-            {"mode": Mode.LLAMACPP, "model_id": "qwen", "host": "0.0.0.0", "port": 18080},
+            {"mode": Mode.LLAMACPP, "model_id": "/models/qwen.gguf", "host": "0.0.0.0",
+             "port": 18080},
         ),
         (
             LLAMA_SERVER_ARGV,
             {"MODELPOOL_BIND_HOST": "127.0.3.4"},
-            {"host": "127.0.3.4", "model_id": "qwen"},
+            {"host": "127.0.3.4", "model_id": "/models/qwen.gguf"},
         ),
         (("-m", "/m/gemma.Q4_K_M.gguf", "-a", "gemma"), {}, {"model_id": "gemma"}),
         (("-m", "/m/gemma.gguf", "-np", "2"), {}, {"model_id": "gemma", "parallel": 2}),
@@ -108,3 +109,12 @@ def test_console_script_points_at_main() -> None:
     target = pyproject["project"]["scripts"]["modelpool-fake-model"]
     module_name, _, attribute = target.partition(":")
     assert getattr(importlib.import_module(module_name), attribute) is main
+
+
+def test_the_context_size_binds_only_in_llamacpp_mode() -> None:
+    assert parse_settings(("--mode", "llamacpp", "-c", "2048"), {}).ctx_size == 2048
+    assert parse_settings(("--mode", "llamacpp", "--ctx-size", "512"), {}).ctx_size == 512
+    assert parse_settings(("--mode", "llamacpp",), {}).ctx_size is None
+    assert parse_settings(("--mode", "vllm", "--ctx-size", "512"), {}).ctx_size is None
+    with pytest.raises(SettingsError, match="--ctx-size must be at least 1"):
+        parse_settings(("--mode", "llamacpp", "-c", "0"), {})
