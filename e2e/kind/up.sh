@@ -97,7 +97,8 @@ stage "kind create cluster"
 
 if [[ $cni == flannel ]]; then
   # the flannel image the node image carries (build-images.sh preloads it)
-  flannel_image="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q | grep -m1 'modelpool/flannel:')"
+  preloaded="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q)"
+  flannel_image="$(grep 'modelpool/flannel:' <<<"$preloaded" | head -n 1)"
   sed "s#IMAGE#$flannel_image#" "$here/flannel.yaml" | kubectl_ apply -f - >/dev/null
 fi
 kubectl_ wait --for=condition=Ready node --all --timeout=180s >/dev/null

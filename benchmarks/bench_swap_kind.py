@@ -1,0 +1,149 @@
+"""System benchmark on kind: what a swap costs beyond the model server's own unload and
+load, with a real kubelet and container start in the path.
+
+The kind cluster of e2e/kind/up.sh (MODELPOOL_KIND_KUBECONFIG, else up.sh is run): a pool
+of two fake members pinned to the node with two GPUs (each asks for one), the router on
+the control-plane node, requests sent from this machine to the router pod's address.
+Each sample asks for the member that is not resident and measures arrival to first byte:
+
+    overhead = time to first byte - (unload time + load time)
+
+The fake server's load time counts from its process's exec, so Python's start-up is inside
+it; container creation, sandbox and network set-up, scheduling and the reconciler's work are
+the overhead. Same definition as benchmarks/bench_swap.py on the local testbed.
+
+    .venv/bin/python benchmarks/bench_swap_kind.py --swaps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from e2e import harness  # noqa: E402
+from e2e.local.fixtures import Kubectl  # noqa: E402
+
+NODE = "modelpool-worker2"
+CONTROL_PLANE = "modelpool-control-plane"
+
+
+def kubeconfig() -> Path:
+    configured = os.environ.get("MODELPOOL_KIND_KUBECONFIG")
+    if configured:
+        return Path(configured)
+    out = subprocess.run(["bash", str(REPO / "e2e" / "kind" / "up.sh")], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def member(name: str, load: float, unload: float) -> harness.Json:
+    body = harness.fake_member(name, load_time=load,
+                               env={"FAKE_MODEL_UNLOAD_TIME": str(unload)})
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+    return body
+
+
+async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> float:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2, "stream": True}
+    started = time.monotonic()
+    async with session.post(url + "/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        await r.content.readany()
+        ttfb = time.monotonic() - started
+        await r.read()
+    return ttfb
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--swaps", type=int, default=20)
+    parser.add_argument("--load", type=float, default=2.0, help="fake load time, seconds")
+    parser.add_argument("--unload", type=float, default=0.5, help="fake unload time, seconds")
+    args = parser.parse_args()
+    kubectl = Kubectl(kubeconfig(), shutil.which("kubectl") or "kubectl")
+    ns = f"bench-swap-{secrets.token_hex(3)}"
+    kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
+    try:
+        for _ in range(150):
+            if kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0:
+                break
+            await asyncio.sleep(0.2)
+        router = harness.router("bench", ["a", "b"])
+        router["spec"]["proxy"]["nodeSelector"] = {"kubernetes.io/hostname": CONTROL_PLANE}
+        router["spec"]["proxy"]["tolerations"] = [{
+            "key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+            "effect": "NoSchedule"}]
+        harness.apply(kubectl, ns, member("a", args.load, args.unload),
+                      member("b", args.load, args.unload),
+                      harness.pool("swap", ["a", "b"], default="a", swap_budget="120s"),
+                      router)
+        (pod,) = harness.wait_router_ready(kubectl, ns, "bench", None, 180.0)
+        harness.wait_pool_ready(kubectl, ns, "swap", "a", 180.0)
+        url = harness.base_url(pod)
+        overheads: list[float] = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
+            await first_byte(s, url, "a")
+            resident = "a"
+            for _ in range(args.swaps):
+                target = "b" if resident == "a" else "a"
+                ttfb = await first_byte(s, url, target)
+                overheads.append(ttfb - args.load - args.unload)
+                resident = target
+                # the next swap starts from a settled pool, as a user's would
+                await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, "swap",
+                                        resident, 60.0)
+        reconciler = kubectl.json("get", "pods", "-n", "modelpool-system", "-l",
+                                  "app.kubernetes.io/name=modelpool-reconciler")["items"]
+        ip = next(p["status"]["podIP"] for p in reconciler if p["status"].get("podIP"))
+        phases = harness.scrape(f"http://{ip}:9090/metrics")
+        family = phases.get("modelpool_swap_phase_duration_seconds")
+        means = {}
+        if family is not None:
+            sums: dict[str, float] = {}
+            counts: dict[str, float] = {}
+            for sample in family.samples:
+                if sample.labels.get("namespace") != ns:
+                    continue
+                phase = sample.labels.get("phase", "?")
+                if sample.name.endswith("_sum"):
+                    sums[phase] = sample.value
+                elif sample.name.endswith("_count"):
+                    counts[phase] = sample.value
+            means = {ph: sums[ph] / counts[ph] for ph in sums if counts.get(ph)}
+        load = os.getloadavg()[0]
+        print(f"kind swap overhead over {len(overheads)} warm swaps (load {args.load:g}s, "
+              f"unload {args.unload:g}s, load average {load:.1f}):")
+        print(f"  p50 {pct(overheads, 50):.2f}s  p95 {pct(overheads, 95):.2f}s  "
+              f"mean {statistics.mean(overheads):.2f}s  max {max(overheads):.2f}s")
+        print("  mean per phase (reconciler): " + ", ".join(
+            f"{ph} {means[ph]:.2f}s" for ph in ("drain", "unload", "schedule", "load")
+            if ph in means))
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
