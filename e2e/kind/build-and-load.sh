@@ -103,9 +103,40 @@ build router sidecar sidecar telemetry
 build fake-model e2e.fake_model e2e/__init__.py e2e/fake_model
 build fake-gpu-plugin e2e.device_plugin e2e/__init__.py e2e/device_plugin
 
+# modelpool/llama-server: the real llama-server (e2e/llama/build-llama-server.sh) at
+# /app/llama-server, where llama.cpp's server image keeps it, and generated models in
+# /models: alpha-large.gguf (271 MB, about 50 tokens/s here: a generation lasts long
+# enough to be seen) and beta.gguf (half a megabyte).
+build_llama_server() {
+  local binary ctx
+  binary="$(bash "$root/e2e/llama/build-llama-server.sh" | tail -n 1)"
+  ctx="$(mktemp -d)"
+  mkdir -p "$ctx/models"
+  cp "$binary" "$ctx/llama-server"
+  "$python" -m e2e.llama.models "$CACHE/llama/models" alpha --size large >/dev/null
+  "$python" -m e2e.llama.models "$CACHE/llama/models" beta >/dev/null
+  cp "$CACHE/llama/models/alpha-large.gguf" "$CACHE/llama/models/beta.gguf" "$ctx/models/"
+  local gomp="RUN apt-get update -q && apt-get install -y -q libgomp1 && rm -rf /var/lib/apt/lists/*"
+  [[ $base == modelpool/debian-root:* ]] && gomp="# libgomp1 is in the Debian root"
+  cat >"$ctx/Dockerfile" <<DOCKERFILE
+FROM $base
+$gomp
+COPY llama-server /app/llama-server
+COPY models/ /models/
+USER 1000:1000
+ENTRYPOINT ["/app/llama-server"]
+DOCKERFILE
+  local args=(-t "modelpool/llama-server:$version" -t "modelpool/llama-server:e2e" "$ctx")
+  DOCKER_BUILDKIT=0 docker build -q "${args[@]}" >/dev/null 2>&1 || {
+    DOCKER_BUILDKIT=0 docker build "${args[@]}" >&2; exit 1; }
+  rm -rf "$ctx"
+  log "modelpool/llama-server:$version (and :e2e) built on $base"
+}
+build_llama_server
+
 # One load of them all: their shared layers cross to each node once.
 images=()
-for name in reconciler router fake-model fake-gpu-plugin; do
+for name in reconciler router fake-model fake-gpu-plugin llama-server; do
   images+=("modelpool/$name:$version" "modelpool/$name:e2e")
 done
 bash "$here/kind.sh" load docker-image --name "$cluster" "${images[@]}" >/dev/null

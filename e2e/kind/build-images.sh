@@ -28,8 +28,8 @@ KIND_VERSION=v0.33.0
 FLANNEL_VERSION=v0.28.10
 COREDNS_VERSION=v1.13.1
 # Bump when what this script puts into the Debian root, or into the node, changes.
-ROOT_REV=3
-REV=5
+ROOT_REV=4
+REV=6
 CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
 WORK="$CACHE/kind/images"
 ROOT_IMAGE="modelpool/debian-root:bookworm-r$ROOT_REV"
@@ -57,7 +57,8 @@ mirror() {
 
 # --- the Debian root -----------------------------------------------------------------------
 
-PACKAGES=systemd,systemd-sysv,dbus,containerd,runc,iptables,nftables,conntrack,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,e2fsprogs,bash,ca-certificates,curl,jq,procps,socat,python3,python3-pip
+# libgomp1: llama-server's one runtime library beyond what python3 brings.
+PACKAGES=systemd,systemd-sysv,dbus,containerd,runc,iptables,nftables,conntrack,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,e2fsprogs,bash,ca-certificates,curl,jq,procps,socat,python3,python3-pip,libgomp1
 
 build_root() {
   command -v debootstrap >/dev/null || {

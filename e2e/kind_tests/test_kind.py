@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -229,3 +230,68 @@ def test_the_reconciler_runs_restricted_checked_by_the_kubelet(kind_kubectl: Kub
     out = kind_kubectl("exec", "-n", "modelpool-system", running[0]["metadata"]["name"], "--",
                        "python3", "-c", ROOT_FS_PROBE).stdout.split()
     assert out[0] != "0" and out[1] == "read-only", out
+
+
+def real_member(name: str, model: str) -> harness.Json:
+    """A ModelServer run by the real llama-server (modelpool/llama-server), pinned to the
+    node with two GPUs; one slot, so a generation in flight makes it busy."""
+    return {
+        "apiVersion": harness.API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
+        "spec": {"runtime": "llamacpp", "image": "modelpool/llama-server:e2e",
+                 "model": model, "args": ["-c", "2048", "-np", "1"],
+                 "resources": {"gpu": 1},
+                 "nodeSelector": {"kubernetes.io/hostname": TWO_GPUS}},
+    }
+
+
+def slots_busy(pod_ip: str) -> bool:
+    with urllib.request.urlopen(f"http://{pod_ip}:8080/slots", timeout=5) as r:
+        return any(s["is_processing"] for s in json.load(r))
+
+
+async def test_a_real_llama_server_in_flight_defers_the_swap_until_it_ends(
+    kind_kubectl: Kubectl, restricted_namespace: str,
+) -> None:
+    """The drain judged by llama.cpp itself: while a long generation runs on the real
+    incumbent, its /slots say busy and the swap waits (SwapDeferred, PodsBusy); when the
+    generation ends, whole, the swap proceeds and the other real member answers."""
+    ns = restricted_namespace
+    harness.apply(kind_kubectl, ns, real_member("alpha", "/models/alpha-large.gguf"),
+                  real_member("beta", "/models/beta.gguf"),
+                  harness.pool("slot", ["alpha", "beta"], default="alpha", swap_budget="300s"),
+                  router_on_control_plane("chat", ["alpha", "beta"]))
+    (router,) = await asyncio.to_thread(harness.wait_router_ready, kind_kubectl, ns, "chat",
+                                        None, 180.0)
+    await asyncio.to_thread(harness.wait_pool_ready, kind_kubectl, ns, "slot", "alpha", 180.0)
+    (alpha,) = [p for p in member_pods(kind_kubectl, ns)
+                if p["metadata"]["labels"][harness.LABEL_SERVER] == "alpha"]
+    client = openai.AsyncOpenAI(base_url=harness.base_url(router), api_key="unused",
+                                max_retries=0, timeout=240)
+    hello = await client.chat.completions.create(
+        model="alpha", messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+    assert hello.model == "/models/alpha-large.gguf"  # llama-server's own name for it
+    # About 50 tokens/s: 400 tokens keep the only slot busy for several seconds.
+    long = asyncio.create_task(client.completions.create(
+        model="alpha", prompt="the pool", max_tokens=400))
+    # (in a thread: the loop must keep sending the generation meanwhile)
+    await asyncio.to_thread(until, lambda: True if slots_busy(alpha["status"]["podIP"])
+                            else None, "alpha's slot to be processing", 30)
+    swapped = asyncio.create_task(client.chat.completions.create(
+        model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=4))
+
+    def deferred() -> harness.Json | None:
+        obj = harness.get(kind_kubectl, ns, f"modelpools.{harness.GROUP}", "slot")
+        c = harness.condition(obj, "SwapDeferred")
+        return c if c and c["status"] == "True" and c["reason"] == "PodsBusy" else None
+
+    await asyncio.to_thread(until, deferred, "the swap deferred as PodsBusy", 30)
+    assert not long.done() and not swapped.done()
+    whole = await long
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None and whole.usage.completion_tokens == 400
+    reply = await swapped
+    assert reply.model == "/models/beta.gguf" and reply.choices[0].message.content
+    await client.close()
+    status = harness.pool_status(kind_kubectl, ns, "slot")
+    assert status["residentMember"] == "beta"
+    assert status["lastSwap"]["outcome"] == "Succeeded"
