@@ -52,10 +52,8 @@ def kubeconfig() -> Path:
 
 
 def member(name: str, load: float, unload: float) -> harness.Json:
-    body = harness.fake_member(name, load_time=load,
-                               env={"FAKE_MODEL_UNLOAD_TIME": str(unload)})
-    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
-    return body
+    return harness.on_node(harness.fake_member(
+        name, load_time=load, env={"FAKE_MODEL_UNLOAD_TIME": str(unload)}), NODE)
 
 
 async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> float:
@@ -90,11 +88,7 @@ async def main() -> int:
             if kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0:
                 break
             await asyncio.sleep(0.2)
-        router = harness.router("bench", ["a", "b"])
-        router["spec"]["proxy"]["nodeSelector"] = {"kubernetes.io/hostname": CONTROL_PLANE}
-        router["spec"]["proxy"]["tolerations"] = [{
-            "key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-            "effect": "NoSchedule"}]
+        router = harness.router_on_node(harness.router("bench", ["a", "b"]), CONTROL_PLANE)
         harness.apply(kubectl, ns, member("a", args.load, args.unload),
                       member("b", args.load, args.unload),
                       harness.pool("swap", ["a", "b"], default="a", swap_budget="120s"),

@@ -324,6 +324,21 @@ def router(
     }
 
 
+def on_node(server: Json, node: str) -> Json:
+    """`server` (a ModelServer) pinned to the node whose hostname is `node`."""
+    server["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return server
+
+
+def router_on_node(router_body: Json, node: str) -> Json:
+    """`router_body` (a ModelRouter) pinned to `node`, tolerating a control plane's taint."""
+    proxy = router_body["spec"]["proxy"]
+    proxy["nodeSelector"] = {"kubernetes.io/hostname": node}
+    proxy["tolerations"] = [{"key": "node-role.kubernetes.io/control-plane",
+                             "operator": "Exists", "effect": "NoSchedule"}]
+    return router_body
+
+
 def apply(kubectl: KubectlLike, namespace: str, *objects: Json) -> None:
     """Server-side apply, field manager `kubectl`, as `kubectl apply --server-side` from git."""
     text = yaml.safe_dump_all(list(objects))

@@ -141,7 +141,10 @@ class Controller:
         renderer: Renderer,
         probe: IdleProbe,
         clock: Callable[[], float] = time.time,
+        ready: asyncio.Event | None = None,
     ) -> None:
+        """`ready` is set once the caches are synced (the health server's /readyz reads
+        it, and may be serving before this controller exists)."""
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
@@ -184,7 +187,7 @@ class Controller:
         # status alone leaves it as it is.
         self._generations: dict[tuple[str, str, str], Any] = {}
         self._rendered: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-        self.ready = asyncio.Event()
+        self.ready = ready if ready is not None else asyncio.Event()
 
     # Watch events to keys
 

@@ -9,8 +9,8 @@ import contextlib
 import json
 import subprocess
 import urllib.request
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import openai
 import pytest
@@ -20,15 +20,10 @@ from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
 
-T = TypeVar("T")
 CLUSTER = "modelpool"
 ONE_GPU, TWO_GPUS = f"{CLUSTER}-worker", f"{CLUSTER}-worker2"
 CONTROL_PLANE = f"{CLUSTER}-control-plane"
 PLUGIN = "modelpool-fake-gpu-plugin"
-
-
-def until(check: Callable[[], T | None], what: str, within: float = 60.0) -> T:
-    return harness.eventually(check, what, within)
 
 
 def allocatable(kubectl: Kubectl, node: str) -> str | None:
@@ -69,14 +64,14 @@ def test_the_plugin_advertises_each_nodes_gpus_and_they_go_with_it(
     # replaced within a second, before the node's status shows the gap).
     kind_kubectl("label", "node", TWO_GPUS, "modelpool.dev/fake-gpus-")
     try:
-        until(lambda: True if plugin_pod(kind_kubectl, TWO_GPUS) is None else None,
+        harness.eventually(lambda: True if plugin_pod(kind_kubectl, TWO_GPUS) is None else None,
               "the plugin's pod to leave the 2-GPU node", 60)
         # The kubelet drops a plugin's devices from allocatable when its stream ends.
-        until(lambda: True if allocatable(kind_kubectl, TWO_GPUS) == "0" else None,
+        harness.eventually(lambda: True if allocatable(kind_kubectl, TWO_GPUS) == "0" else None,
               "allocatable nvidia.com/gpu to drop to 0 on the 2-GPU node", 60)
     finally:
         kind_kubectl("label", "node", TWO_GPUS, "modelpool.dev/fake-gpus=2", "--overwrite")
-    until(lambda: True if allocatable(kind_kubectl, TWO_GPUS) == "2" else None,
+    harness.eventually(lambda: True if allocatable(kind_kubectl, TWO_GPUS) == "2" else None,
           "the plugin's new pod to register 2 GPUs again", 120)
     new = plugin_pod(kind_kubectl, TWO_GPUS)
     assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
@@ -97,26 +92,19 @@ def test_a_kubelet_restart_is_followed_by_a_new_registration(kind_kubectl: Kubec
     subprocess.run(["docker", "exec", ONE_GPU, "systemctl", "restart", "kubelet"], check=True,
                    timeout=60)
     # The kubelet removes the plugins' sockets as it starts; the plugin sees its own go.
-    until(lambda: True if registrations() > before else None,
+    harness.eventually(lambda: True if registrations() > before else None,
           "the plugin to register again after the kubelet restarted", 120)
-    until(lambda: True if allocatable(kind_kubectl, ONE_GPU) == "1" else None,
+    harness.eventually(lambda: True if allocatable(kind_kubectl, ONE_GPU) == "1" else None,
           "the node to advertise its GPU again", 120)
 
 
 def member(name: str, node: str, unload_time: float = 0.0) -> harness.Json:
-    body = harness.fake_member(name, load_time=1.0, env={
-        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None)
-    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return body
+    return harness.on_node(harness.fake_member(name, load_time=1.0, env={
+        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None), node)
 
 
 def router_on_control_plane(name: str, backends: list[str]) -> harness.Json:
-    body = harness.router(name, backends)
-    body["spec"]["proxy"]["nodeSelector"] = {"kubernetes.io/hostname": CONTROL_PLANE}
-    body["spec"]["proxy"]["tolerations"] = [
-        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-         "effect": "NoSchedule"}]
-    return body
+    return harness.router_on_node(harness.router(name, backends), CONTROL_PLANE)
 
 
 def member_pods(kubectl: Kubectl, namespace: str) -> list[Any]:
@@ -235,13 +223,12 @@ def test_the_reconciler_runs_restricted_checked_by_the_kubelet(kind_kubectl: Kub
 def real_member(name: str, model: str) -> harness.Json:
     """A ModelServer run by the real llama-server (modelpool/llama-server), pinned to the
     node with two GPUs; one slot, so a generation in flight makes it busy."""
-    return {
+    return harness.on_node({
         "apiVersion": harness.API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
         "spec": {"runtime": "llamacpp", "image": "modelpool/llama-server:e2e",
                  "model": model, "args": ["-c", "2048", "-np", "1"],
-                 "resources": {"gpu": 1},
-                 "nodeSelector": {"kubernetes.io/hostname": TWO_GPUS}},
-    }
+                 "resources": {"gpu": 1}},
+    }, TWO_GPUS)
 
 
 def slots_busy(pod_ip: str) -> bool:
@@ -274,7 +261,7 @@ async def test_a_real_llama_server_in_flight_defers_the_swap_until_it_ends(
     long = asyncio.create_task(client.completions.create(
         model="alpha", prompt="the pool", max_tokens=400))
     # (in a thread: the loop must keep sending the generation meanwhile)
-    await asyncio.to_thread(until, lambda: True if slots_busy(alpha["status"]["podIP"])
+    await asyncio.to_thread(harness.eventually, lambda: True if slots_busy(alpha["status"]["podIP"])
                             else None, "alpha's slot to be processing", 30)
     swapped = asyncio.create_task(client.chat.completions.create(
         model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=4))
@@ -284,7 +271,7 @@ async def test_a_real_llama_server_in_flight_defers_the_swap_until_it_ends(
         c = harness.condition(obj, "SwapDeferred")
         return c if c and c["status"] == "True" and c["reason"] == "PodsBusy" else None
 
-    await asyncio.to_thread(until, deferred, "the swap deferred as PodsBusy", 30)
+    await asyncio.to_thread(harness.eventually, deferred, "the swap deferred as PodsBusy", 30)
     assert not long.done() and not swapped.done()
     whole = await long
     assert whole.choices[0].finish_reason == "length"
