@@ -20,8 +20,21 @@ if ! command -v dockerd >/dev/null 2>&1; then
   log "no Docker engine here: installing Debian's docker.io (this machine runs as root)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null
 fi
+# A dockerd that runs but does not answer is starting or stopping: let it finish first.
+for ((i = 0; i < 120; i++)); do
+  pgrep -x dockerd >/dev/null || break
+  if docker info >/dev/null 2>&1; then
+    exit 0
+  fi
+  ((i == 0)) && log "a dockerd runs but does not answer yet: waiting for it to start or stop"
+  sleep 0.5
+done
+if pgrep -x dockerd >/dev/null; then
+  log "dockerd (pid $(pgrep -x dockerd | tr '\n' ' ')) neither answers nor stops; stop it and run this again"
+  exit 1
+fi
 log "starting dockerd (log: /var/log/modelpool-dockerd.log)"
-nohup dockerd >/var/log/modelpool-dockerd.log 2>&1 &
+nohup dockerd >>/var/log/modelpool-dockerd.log 2>&1 &
 for _ in $(seq 1 120); do
   if docker info >/dev/null 2>&1; then
     log "dockerd is up ($(docker version --format '{{.Server.Version}}'))"

@@ -86,9 +86,30 @@ nodes:
     modelpool.dev/fake-gpus: "2"$cgroup_patch
 EOF
 
-if kind_ get clusters 2>/dev/null | grep -qx "$cluster"; then
+# An existing cluster is reused once its API server answers again: after dockerd restarts,
+# kind's node containers come back (maybe at other addresses) and their control plane takes
+# a while. One that does not answer within the wait is deleted and created afresh.
+reuse() {
+  local node
   log "kind cluster $cluster exists; reusing it"
-else
+  for node in $(kind_ get nodes --name "$cluster"); do
+    [[ $(docker inspect -f '{{.State.Running}}' "$node") == true ]] || docker start "$node" >/dev/null
+  done
+  kind_ get kubeconfig --name "$cluster" >"$kubeconfig"
+  for ((i = 0; i < 90; i++)); do
+    if kubectl_ get --raw /readyz >/dev/null 2>&1; then
+      return 0
+    fi
+    ((i % 10 == 9)) && log "waiting for the reused cluster's API server ($((2 * i + 2))s of 180s)"
+    sleep 2
+  done
+  log "the API server of kind cluster $cluster did not answer in 180s: deleting the cluster"
+  return 1
+}
+if kind_ get clusters 2>/dev/null | grep -qx "$cluster" && ! reuse; then
+  kind_ delete cluster --name "$cluster" >/dev/null
+fi
+if ! kind_ get clusters 2>/dev/null | grep -qx "$cluster"; then
   kind_ create cluster --name "$cluster" --config "$config" \
     --image "$node_image" --kubeconfig "$kubeconfig" --wait 0s
 fi
@@ -103,6 +124,11 @@ if [[ $cni == flannel ]]; then
 fi
 kubectl_ wait --for=condition=Ready node --all --timeout=180s >/dev/null
 kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null
+# A reused cluster's pods may still carry the status of before its restart: every system pod
+# must be Ready again (pods that are gone for good are replaced by their controllers).
+for ns in kube-system kube-flannel; do
+  kubectl_ -n "$ns" wait --for=condition=Ready pod --all --timeout=180s >/dev/null
+done
 stage "nodes Ready, CoreDNS up ($cni)"
 
 # Pods are reached from this machine by their own addresses: a route to each node's pod
