@@ -22,7 +22,9 @@ Install
     `install_examples(kubectl)` applies `examples/` (`kubectl apply -k examples`, namespace
     modelpool-demo); `apply_examples(kubectl, NS)` puts the example pool, servers and
     router into NS instead (`kubectl apply -n NS -f ...`, as examples/kustomization.yaml
-    suggests), after letting NS admit their hostPath volume (Pod Security privileged).
+    suggests), after letting NS admit their hostPath volume (Pod Security privileged);
+    `apply_examples(kubectl, NS, EXAMPLES_TESTBED)` the variant whose gemma is a real
+    llama-server and whose qwen is the fake in vLLM mode (overlays/examples-testbed).
     `remove_workloads(kubectl, NS)` deletes every ModelRouter, ModelPool and ModelServer
     in NS and waits until their pods are gone (the GPU is free for the next test).
 
@@ -79,6 +81,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCAL_OVERLAY = REPO_ROOT / "overlays" / "local"
 EXAMPLES = REPO_ROOT / "examples"
+EXAMPLES_TESTBED = REPO_ROOT / "overlays" / "examples-testbed"
 
 GROUP = "modelpool.dev"
 API_VERSION = f"{GROUP}/v1alpha1"
@@ -211,11 +214,21 @@ EXAMPLE_FILES = ("model-servers.yaml", "pool.yaml", "router.yaml")
 
 
 def apply_examples(kubectl: KubectlLike, namespace: str, examples: Path = EXAMPLES) -> None:
-    """The example pool (gpu0: gemma and qwen) and router (chat), applied into `namespace`."""
-    kubectl("label", "namespace", namespace, "--overwrite",
-            "pod-security.kubernetes.io/enforce=privileged")
-    files = [arg for name in EXAMPLE_FILES for arg in ("-f", str(examples / name))]
-    kubectl("apply", "--server-side", "-n", namespace, *files)
+    """The example pool (gpu0: gemma and qwen) and router (chat), applied into `namespace`.
+
+    `examples` is examples/ itself (its hostPath volume needs Pod Security privileged, so
+    the namespace is relabelled) or an overlay of it such as `EXAMPLES_TESTBED`, rendered
+    by `kubectl kustomize` and applied without its Namespace."""
+    if examples == EXAMPLES:
+        kubectl("label", "namespace", namespace, "--overwrite",
+                "pod-security.kubernetes.io/enforce=privileged")
+        files = [arg for name in EXAMPLE_FILES for arg in ("-f", str(examples / name))]
+        kubectl("apply", "--server-side", "-n", namespace, *files)
+        return
+    documents = [d for d in rendered_install(kubectl, examples) if d["kind"] != "Namespace"]
+    for doc in documents:
+        doc["metadata"].pop("namespace", None)
+    apply(kubectl, namespace, *documents)
 
 
 def remove_workloads(kubectl: KubectlLike, namespace: str, within: float = 60.0) -> None:

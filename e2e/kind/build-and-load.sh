@@ -106,7 +106,8 @@ build fake-gpu-plugin e2e.device_plugin e2e/__init__.py e2e/device_plugin
 # modelpool/llama-server: the real llama-server (e2e/llama/build-llama-server.sh) at
 # /app/llama-server, where llama.cpp's server image keeps it, and generated models in
 # /models: alpha-large.gguf (271 MB, about 50 tokens/s here: a generation lasts long
-# enough to be seen) and beta.gguf (half a megabyte).
+# enough to be seen), beta.gguf and gemma.gguf (half a megabyte each; gemma is the member
+# of examples/testbed). On the local testbed e2e/llama/serve.py stands for this image.
 build_llama_server() {
   local binary ctx
   binary="$(bash "$root/e2e/llama/build-llama-server.sh" | tail -n 1)"
@@ -115,7 +116,8 @@ build_llama_server() {
   cp "$binary" "$ctx/llama-server"
   "$python" -m e2e.llama.models "$CACHE/llama/models" alpha --size large >/dev/null
   "$python" -m e2e.llama.models "$CACHE/llama/models" beta >/dev/null
-  cp "$CACHE/llama/models/alpha-large.gguf" "$CACHE/llama/models/beta.gguf" "$ctx/models/"
+  "$python" -m e2e.llama.models "$CACHE/llama/models" gemma >/dev/null
+  cp "$CACHE/llama/models/"{alpha-large,beta,gemma}.gguf "$ctx/models/"
   local gomp="RUN apt-get update -q && apt-get install -y -q libgomp1 && rm -rf /var/lib/apt/lists/*"
   [[ $base == modelpool/debian-root:* ]] && gomp="# libgomp1 is in the Debian root"
   cat >"$ctx/Dockerfile" <<DOCKERFILE

@@ -16,6 +16,7 @@ collection time, so a unit test can never start one by accident.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -241,21 +242,17 @@ def _namespace_name(nodeid: str) -> str:
     return f"t-{slug}-{secrets.token_hex(3)}"
 
 
-@pytest.fixture
-def namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> Iterator[str]:
-    """A fresh namespace whose default ServiceAccount exists (so pods can be created)."""
-    name = _namespace_name(request.node.nodeid)
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "pod-security.kubernetes.io/enforce": NAMESPACE_POD_SECURITY,
-                "modelpool.dev/test": "true",
-            },
-        },
-    }
+@contextlib.contextmanager
+def fresh_namespace(kubectl: Kubectl, nodeid: str,
+                   security: str = NAMESPACE_POD_SECURITY) -> Iterator[str]:
+    """A fresh namespace for the test `nodeid`, enforcing Pod Security `security`, once its
+    default ServiceAccount exists (so pods can be created); deleted after, without waiting."""
+    name = _namespace_name(nodeid)
+    labels = {"pod-security.kubernetes.io/enforce": security, "modelpool.dev/test": "true"}
+    if security == "restricted":
+        labels["pod-security.kubernetes.io/enforce-version"] = "latest"
+    manifest = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels}}
     kubectl("create", "-f", "-", input=json.dumps(manifest))
     try:
         deadline = time.monotonic() + 30.0
@@ -266,3 +263,10 @@ def namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> Iterator[str]
         yield name
     finally:
         kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (so pods can be created)."""
+    with fresh_namespace(kubectl, request.node.nodeid) as name:
+        yield name

@@ -235,7 +235,10 @@ def _swap_through_router(kubectl: Kubectl, namespace: str) -> None:
         client.close()
 
 
-# A cluster of the test's own, whatever MODELPOOL_REUSE_CLUSTER says (see above).
+# A cluster of the test's own, whatever MODELPOOL_REUSE_CLUSTER says (see above). On kind
+# the cluster-wide reconciler of overlays/kind already acts on every namespace, so this
+# module, which installs and removes the base's own, stays on the local testbed.
+TESTBED = "local"
 cluster = local_fixtures.private_cluster("gitops-cluster")
 
 

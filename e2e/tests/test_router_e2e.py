@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -24,9 +22,8 @@ import openai
 import pytest
 from prometheus_client.metrics_core import Metric
 
-from e2e import harness
+from e2e import harness, testbeds
 from e2e.harness import Installation, Json, Pod
-from e2e.local.controlplane import LocalCluster
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.e2e
@@ -292,7 +289,9 @@ def test_a_swap_longer_than_response_header_timeout_but_inside_swap_budget_succe
         other.join(60)
     assert streamed, "the streamed request for b got no answer"
     assert elapsed >= 6.0, f"answered after {elapsed:.1f}s, before b could have loaded"
-    last = stack.pool()["lastSwap"]
+    # The reply can come before the status says so (the router probes the target itself).
+    ready = harness.wait_pool_ready(kubectl, namespace, POOL, resident="b", within=10)
+    last = ready["status"]["lastSwap"]
     assert last["to"] == "b" and last["outcome"] == "Succeeded"
     assert last["durationSeconds"] > 2.0
 
@@ -352,14 +351,13 @@ MAX_502_AFTER_KILL = 1
 
 
 def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering_502(
-    stack: Stack,
+    stack: Stack, testbed: testbeds.Testbed
 ) -> None:
     (pod,) = [p for p in harness.member_pods(stack.kubectl, stack.namespace, "a")
               if p.phase == "Running"]
-    assert pod.pid is not None
     with stack.client(timeout=60) as client:
         chat(client, "a")
-        os.kill(pod.pid, signal.SIGKILL)
+        testbed.kill(pod)
         killed = time.monotonic()
         outcomes: list[tuple[int, str | None]] = []
         recovered = None
@@ -400,13 +398,12 @@ def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering
 
 
 def test_the_router_token_cannot_patch_a_model_server_or_read_a_secret(
-    stack: Stack, cluster: LocalCluster
+    stack: Stack, testbed: testbeds.Testbed, tmp_path: Path
 ) -> None:
     kubectl, ns = stack.kubectl, stack.namespace
     kubectl("create", "secret", "generic", "weights-token", "-n", ns,
             "--from-literal=token=do-not-read")
-    config = harness.pod_kubeconfig(cluster.node_state_dir, stack.router)
-    assert config.is_file(), f"the node agent wrote no kubeconfig at {config}"
+    config = testbed.pod_kubeconfig(stack.router, tmp_path)
 
     def as_router(*args: str) -> subprocess.CompletedProcess[str]:
         return run_kubectl(kubectl.binary, config, "-n", ns, *args)
@@ -447,16 +444,21 @@ def run_kubectl(binary: str, kubeconfig: Path, *args: str) -> subprocess.Complet
 def test_the_example_pool_serves_both_models_through_its_router(
     kubectl: Kubectl, namespace: str, installed: Installation
 ) -> None:
-    """examples/ (gemma on llama.cpp, qwen on vLLM: the node agent runs both images as the
-    fake model server) applied into the test's namespace; both models answer by name and
-    by alias, streaming and not."""
-    harness.apply_examples(kubectl, namespace)
-    harness.wait_pool_ready(kubectl, namespace, "gpu0", resident="gemma", within=60)
+    """The examples as the testbeds run them (overlays/examples-testbed: gemma a real
+    llama-server, qwen the fake in vLLM mode) applied into the test's namespace; both
+    models answer by name and by alias, streaming and not, and llama.cpp's own over-context
+    400 reaches the client as llama-server wrote it."""
+    harness.apply_examples(kubectl, namespace, harness.EXAMPLES_TESTBED)
+    harness.wait_pool_ready(kubectl, namespace, "gpu0", resident="gemma", within=90)
     (router,) = harness.wait_router_ready(kubectl, namespace, "chat", within=60)
     with openai.OpenAI(base_url=harness.base_url(router), api_key="unused",
                        max_retries=0, timeout=60) as client:
         chat(client, "gemma")
         stream(client, "gemma-3-4b-it")  # an alias
+        with pytest.raises(openai.BadRequestError) as too_long:
+            client.completions.create(model="gemma", prompt="the pool " * 1500, max_tokens=4)
+        assert too_long.value.body is not None
+        assert "exceed_context_size_error" in str(too_long.value.body), too_long.value.body
         reply = client.chat.completions.create(
             model="Qwen/Qwen2.5-1.5B-Instruct", messages=MESSAGES, max_tokens=4
         )

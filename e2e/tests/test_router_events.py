@@ -18,9 +18,8 @@ from typing import Any
 import openai
 import pytest
 
-from e2e import harness
+from e2e import harness, testbeds
 from e2e.harness import Installation, Json, Pod
-from e2e.local.controlplane import LocalCluster
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.e2e
@@ -70,7 +69,8 @@ def chat(client: openai.OpenAI, model: str) -> str:
 
 
 def test_a_cross_model_request_posts_swap_requested_on_the_pool(
-    kubectl: Kubectl, namespace: str, installed: Installation, cluster: LocalCluster
+    kubectl: Kubectl, namespace: str, installed: Installation, testbed: testbeds.Testbed,
+    tmp_path: Path,
 ) -> None:
     router = bring_up(kubectl, namespace)
     assert router_events(kubectl, namespace, "SwapRequested") == []
@@ -102,8 +102,7 @@ def test_a_cross_model_request_posts_swap_requested_on_the_pool(
     assert "router chat asked for b" in described
 
     # Posted under the router's own token: it may create and patch Events, and no more.
-    config = harness.pod_kubeconfig(cluster.node_state_dir, router)
-    assert config.is_file(), f"the node agent wrote no kubeconfig at {config}"
+    config = testbed.pod_kubeconfig(router, tmp_path)
 
     def can_i(*args: str) -> str:
         return run_kubectl(kubectl.binary, config, "-n", namespace, "auth", "can-i", *args)

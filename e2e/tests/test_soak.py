@@ -521,7 +521,10 @@ def scoped_install(kubectl: Kubectl, namespace: str) -> list[Json]:
     return [*documents, role, binding]
 
 
-# The soak's own cluster (it restarts kube-apiserver): overrides the shared fixture.
+# The soak's own cluster (it restarts kube-apiserver): overrides the shared fixture. It
+# stays on the local testbed: its faults are the local processes' (kube-apiserver stopped
+# and started by e2e/local, the leader's process killed, the node agent's pod files read).
+TESTBED = "local"
 cluster = local_fixtures.private_cluster("soak-cluster")
 
 

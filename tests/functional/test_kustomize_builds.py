@@ -73,3 +73,22 @@ def test_examples_build() -> None:
     assert {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"} == {
         "modelpool-demo"
     }
+
+
+def test_the_testbed_examples_differ_from_the_examples_only_in_what_runs_here() -> None:
+    """overlays/examples-testbed: the same pool and router; gemma the real llama-server image
+    with a generated model, qwen the fake in vLLM mode, no hostPath, namespace restricted."""
+    base = {(o["kind"], o["metadata"]["name"]): o for o in _kustomize(ROOT / "examples")}
+    variant = {(o["kind"], o["metadata"]["name"]): o
+               for o in _kustomize(ROOT / "overlays" / "examples-testbed")}
+    assert variant.keys() == base.keys()
+    for key in (("ModelPool", "gpu0"), ("ModelRouter", "chat")):
+        assert variant[key] == base[key]
+    gemma, qwen = variant["ModelServer", "gemma"]["spec"], variant["ModelServer", "qwen"]["spec"]
+    assert (gemma["runtime"], gemma["image"]) == ("llamacpp", "modelpool/llama-server:e2e")
+    assert gemma["model"] == "/models/gemma.gguf" and gemma["args"][:2] == ["--alias", "gemma"]
+    assert (qwen["runtime"], qwen["image"]) == ("vllm", "modelpool/fake-model:e2e")
+    assert qwen["args"][:2] == ["--mode", "vllm"]
+    assert "storage" not in gemma and "storage" not in qwen
+    labels = variant["Namespace", "modelpool-demo"]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"

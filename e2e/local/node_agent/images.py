@@ -15,6 +15,8 @@ PROGRAMS: Mapping[str, tuple[str, ...]] = {
     "modelpool/fake-model": ("-m", "e2e.fake_model"),
     "ggml-org/llama.cpp": ("-m", "e2e.fake_model", "--mode", "llamacpp"),
     "vllm/vllm-openai": ("-m", "e2e.fake_model", "--mode", "vllm"),
+    # The real llama-server and the image's generated models (e2e/llama/serve.py).
+    "modelpool/llama-server": ("-m", "e2e.llama.serve"),
     "modelpool/router": ("-m", "sidecar"),
     "modelpool/reconciler": ("-m", "reconciler"),
     # Test-only: lists or gets an object kind with the pod's own credentials.
