@@ -132,6 +132,34 @@ async def test_a_slot_is_processing_while_a_generation_runs(server: Server) -> N
     assert isinstance(slots, list) and not any(s["is_processing"] for s in slots)
 
 
+async def test_requests_queued_behind_busy_slots_keep_a_slot_processing(server: Server) -> None:
+    """More generations than slots: the extra one waits in the server's queue, which `/slots`
+    does not list; the drain is safe only if no slot reads idle while a request is still to
+    be generated (llama.cpp hands a freed slot to the queued request before it answers
+    `/slots`). A reading of idle followed by one of busy is that gap; idle after the last
+    generation, before its reply reaches the client, is not."""
+    async with client(server) as c:
+        running = [asyncio.create_task(c.completions.create(
+            model=NAME, prompt="the pool", max_tokens=600)) for _ in range(SLOTS + 1)]
+        busy: list[bool] = []
+        while not all(task.done() for task in running):
+            _, slots = await get_json(server.base_url + "/slots")
+            assert isinstance(slots, list)
+            if any(s["is_processing"] for s in slots):
+                busy.append(True)
+                break
+        while not all(task.done() for task in running):
+            _, slots = await get_json(server.base_url + "/slots")
+            assert isinstance(slots, list)
+            busy.append(any(s["is_processing"] for s in slots))
+        replies = await asyncio.gather(*running)
+    assert [r.usage.completion_tokens if r.usage else None for r in replies] == [600] * 3
+    assert len(busy) > 10, f"only {len(busy)} samples: the generations ended too soon to judge"
+    first_idle = busy.index(False) if False in busy else len(busy)
+    assert not any(busy[first_idle:]), (
+        f"sample {first_idle} of {len(busy)} read idle while a queued request waited")
+
+
 async def test_chat_completion_runs_to_max_tokens(server: Server) -> None:
     async with client(server) as c:
         reply = await c.chat.completions.create(

@@ -155,7 +155,15 @@ def test_gpu_servers_are_recreated_never_surged() -> None:
     for ms in (GEMMA, QWEN, EMBED):
         deploy = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
         assert deploy["spec"]["strategy"] == {"type": "Recreate"}
-        assert deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+
+
+def test_a_llama_cpp_pod_keeps_its_gpu_5s_after_deletion_others_30s() -> None:
+    """llama-server never ends by itself with a non-streamed request in flight (the template
+    says why), so waiting longer than a few seconds only keeps the GPU from the pool."""
+    grace = {ms.runtime: _one(RENDERER.model_server(ms, replicas=1, owner_uid=None),
+                              "Deployment")["spec"]["template"]["spec"][
+                                  "terminationGracePeriodSeconds"] for ms in (GEMMA, QWEN)}
+    assert grace == {"llamacpp": 5, "vllm": 30}
 
 
 def test_pool_label_is_not_in_the_selector() -> None:

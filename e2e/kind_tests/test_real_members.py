@@ -1,0 +1,121 @@
+"""A pool of two real llama.cpp members and one fake vLLM member on kind, used through the
+router with the official `openai` SDK: the cold load, swaps between real servers,
+coalescing, chat and text completions streamed and not, `/v1/models`, embeddings from a
+member started for them, and llama.cpp's own 400 for a prompt over its context."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from e2e import harness
+from e2e.local.fixtures import Kubectl
+
+pytestmark = pytest.mark.timeout(600)
+
+CONTROL_PLANE = "modelpool-control-plane"
+POOL, ROUTER = "slot", "chat"
+HELLO: Any = [{"role": "user", "content": "hello"}]
+
+
+def llama(name: str, model: str, *extra: str) -> harness.Json:
+    """A ModelServer run by the real llama-server with a model the image carries."""
+    return {
+        "apiVersion": harness.API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
+        "spec": {"runtime": "llamacpp", "image": "modelpool/llama-server:e2e", "model": model,
+                 "args": ["--alias", name, "-c", "2048", *extra], "resources": {"gpu": 1}},
+    }
+
+
+def fake_vllm(name: str) -> harness.Json:
+    return {
+        "apiVersion": harness.API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
+        "spec": {"runtime": "vllm", "image": harness.FAKE_MODEL_IMAGE, "model": f"/models/{name}",
+                 "args": ["--mode", "vllm"], "resources": {"gpu": 1}},
+    }
+
+
+def swaps_to(kubectl: Kubectl, namespace: str, member: str) -> float:
+    pod = harness.reconciler_pod(kubectl, harness.Installation(harness.RECONCILER, None))
+    families = harness.scrape(harness.metrics_url(pod))
+    return harness.sample_sum(families, "modelpool_swaps_total", namespace=namespace, pool=POOL,
+                              to=member)
+
+
+async def streamed_text(stream: Any) -> tuple[str, str | None]:
+    text, finish = "", None
+    async for chunk in stream:
+        if chunk.choices:
+            choice = chunk.choices[0]
+            piece = choice.delta.content if hasattr(choice, "delta") else choice.text
+            text += piece or ""
+            finish = choice.finish_reason or finish
+    return text, finish
+
+
+async def test_two_real_llama_members_and_a_fake_vllm_one_through_the_router(
+    kind_kubectl: Kubectl, restricted_namespace: str,
+) -> None:
+    ns, kubectl = restricted_namespace, kind_kubectl
+    harness.apply(
+        kubectl, ns,
+        llama("beta", "/models/beta.gguf"),
+        llama("gemma", "/models/gemma.gguf", "--embeddings", "--pooling", "mean"),
+        fake_vllm("qwen"),
+        harness.pool(POOL, ["beta", "gemma", "qwen"], default="beta", swap_budget="180s"),
+        harness.router_on_node(harness.router(ROUTER, ["beta", "gemma", "qwen"]), CONTROL_PLANE),
+    )
+    (router,) = await asyncio.to_thread(harness.wait_router_ready, kubectl, ns, ROUTER, None,
+                                        180.0)
+    # The cold load of the default.
+    await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, POOL, "beta", 180.0)
+    client = openai.AsyncOpenAI(base_url=harness.base_url(router), api_key="unused",
+                                max_retries=0, timeout=120)
+    try:
+        listed = {m.id for m in (await client.models.list()).data}
+        assert {"beta", "gemma", "qwen"} <= listed, listed
+
+        reply = await client.chat.completions.create(model="beta", messages=HELLO, max_tokens=6)
+        assert reply.model == "beta" and reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens == 6
+        text, finish = await streamed_text(await client.completions.create(
+            model="beta", prompt="the pool", max_tokens=6, stream=True))
+        assert text and finish == "length"
+
+        # llama.cpp's own 400, unchanged by the router.
+        with pytest.raises(openai.BadRequestError) as too_long:
+            await client.completions.create(model="beta", prompt="the pool " * 3000,
+                                            max_tokens=4)
+        body = too_long.value.body
+        assert isinstance(body, dict) and body.get("type") == "exceed_context_size_error", body
+
+        # A swap to a real member, three requests coalesced into it.
+        before = swaps_to(kubectl, ns, "gemma")
+        coalesced = await asyncio.gather(*(
+            client.chat.completions.create(model="gemma", messages=HELLO, max_tokens=4)
+            for _ in range(3)))
+        assert all(r.model == "gemma" and r.choices[0].message.content for r in coalesced)
+        await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, POOL, "gemma", 30.0)
+        assert swaps_to(kubectl, ns, "gemma") == before + 1
+        router_families = harness.scrape(harness.metrics_url(router))
+        assert harness.sample_sum(router_families, "modelpool_coalesced_total") >= 2
+
+        # Embeddings from the member started with --embeddings.
+        embedded = await client.embeddings.create(model="gemma", input=["the pool", "one GPU"])
+        vectors = [e.embedding for e in embedded.data]
+        assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0
+        assert vectors[0] != vectors[1]
+
+        # And to the fake vLLM member, streamed.
+        text, finish = await streamed_text(await client.chat.completions.create(
+            model="qwen", messages=HELLO, max_tokens=5, stream=True))
+        assert text and finish == "length"
+        status = (await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, POOL, "qwen",
+                                          30.0))["status"]
+        assert status["lastSwap"]["from"] == "gemma"
+        assert status["lastSwap"]["outcome"] == "Succeeded"
+    finally:
+        await client.close()
