@@ -146,7 +146,17 @@ stage "routes to the pod networks"
 bash "$here/build-and-load.sh" "$cluster"
 stage "project images built and loaded"
 
+# Images are rebuilt under the same tags: a pod template carries the ID of the image it
+# should run, so a reused cluster's long-running pods restart when, and only when, their
+# image changed (a patch that changes nothing starts no rollout).
+roll_to_image() {  # roll_to_image KIND/NAME NAMESPACE IMAGE
+  local id
+  id="$(docker image inspect -f '{{.Id}}' "$3")"
+  kubectl_ -n "$2" patch "$1" --type merge >/dev/null \
+    -p "{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"modelpool.dev/image-id\":\"$id\"}}}}}"
+}
 kubectl_ apply -f "$here/fake-gpu-plugin.yaml" >/dev/null
+roll_to_image daemonset/modelpool-fake-gpu-plugin kube-system modelpool/fake-gpu-plugin:e2e
 kubectl_ -n kube-system rollout status daemonset/modelpool-fake-gpu-plugin --timeout=180s >/dev/null
 for node in $(kubectl_ get nodes -l modelpool.dev/fake-gpus -o name); do
   want="$(kubectl_ get "$node" -o jsonpath='{.metadata.labels.modelpool\.dev/fake-gpus}')"
@@ -162,6 +172,7 @@ stage "fake GPU device plugin registered on every GPU node"
 kubectl_ apply --server-side -k "$root/overlays/kind" >/dev/null
 kubectl_ wait --for=condition=Established --timeout=60s \
   crd/modelservers.modelpool.dev crd/modelpools.modelpool.dev crd/modelrouters.modelpool.dev >/dev/null
+roll_to_image deployment/modelpool-reconciler modelpool-system modelpool/reconciler:0.1.0
 kubectl_ -n modelpool-system rollout status deployment/modelpool-reconciler --timeout=180s >/dev/null
 stage "modelpool installed from overlays/kind"
 

@@ -6,6 +6,9 @@ member started for them, and llama.cpp's own 400 for a prompt over its context."
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import urllib.request
 from typing import Any
 
 import openai
@@ -16,7 +19,7 @@ from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
 
-CONTROL_PLANE = "modelpool-control-plane"
+CONTROL_PLANE, ONE_GPU = "modelpool-control-plane", "modelpool-worker"
 POOL, ROUTER = "slot", "chat"
 HELLO: Any = [{"role": "user", "content": "hello"}]
 
@@ -119,3 +122,70 @@ async def test_two_real_llama_members_and_a_fake_vllm_one_through_the_router(
         assert status["lastSwap"]["outcome"] == "Succeeded"
     finally:
         await client.close()
+
+
+GRACE_SECONDS = 5  # what the reconciler renders for a llama.cpp member (templates say why)
+
+
+def slots_busy(pod_ip: str) -> bool:
+    with urllib.request.urlopen(f"http://{pod_ip}:8080/slots", timeout=5) as r:
+        return any(s["is_processing"] for s in json.load(r))
+
+
+async def test_a_member_deleted_with_a_non_streamed_request_in_flight_frees_the_gpu_in_grace(
+    kind_kubectl: Kubectl, restricted_namespace: str,
+) -> None:
+    """llama-server abandons a non-streamed generation on SIGTERM and then waits for its
+    client: the pod ends at the SIGKILL of its grace period, the GPU comes back, the request
+    in flight ends (answered again, or an OpenAI error; never left hanging), and the pool
+    serves the member again from a new pod."""
+    ns, kubectl = restricted_namespace, kind_kubectl
+    harness.apply(
+        kubectl, ns,
+        harness.on_node(llama("alpha", "/models/alpha-large.gguf", "-np", "1"), ONE_GPU),
+        harness.pool(POOL, ["alpha"], default="alpha", swap_budget="180s"),
+        harness.router_on_node(harness.router(ROUTER, ["alpha"]), CONTROL_PLANE),
+    )
+    (router,) = await asyncio.to_thread(harness.wait_router_ready, kubectl, ns, ROUTER, None,
+                                        180.0)
+    await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, POOL, "alpha", 180.0)
+    rendered = harness.get(kubectl, ns, "deployment", "alpha")
+    assert rendered["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == GRACE_SECONDS
+    (pod,) = harness.member_pods(kubectl, ns, "alpha")
+    assert pod.ip is not None
+    client = openai.AsyncOpenAI(base_url=harness.base_url(router), api_key="unused",
+                                max_retries=0, timeout=240)
+    try:
+        # About 50 tokens/s: 1000 tokens keep the only slot busy for many seconds.
+        in_flight = asyncio.create_task(client.completions.create(
+            model="alpha", prompt="the pool", max_tokens=1000))
+        await asyncio.to_thread(harness.eventually,
+                                lambda: True if slots_busy(str(pod.ip)) else None,
+                                "alpha's slot processing", 30)
+        deleted = time.monotonic()
+        kubectl("delete", "pod", pod.name, "-n", ns, "--wait=false")
+
+        def gone() -> bool | None:
+            names = {p.name for p in harness.member_pods(kubectl, ns, "alpha")}
+            return True if pod.name not in names else None
+
+        await asyncio.to_thread(harness.eventually, gone, f"pod {pod.name} gone", 60)
+        gone_after = time.monotonic() - deleted
+        # The grace period, and the kubelet's and the API server's own seconds.
+        assert gone_after < GRACE_SECONDS + 10, f"the pod took {gone_after:.1f}s to go"
+        # The request in flight ends: a reply (dispatched again) or an OpenAI-shaped error.
+        outcome: object
+        try:
+            outcome = await asyncio.wait_for(in_flight, timeout=120)
+        except openai.APIStatusError as e:
+            outcome = e
+            assert e.status_code in (502, 503), (e.status_code, e.body)
+            assert isinstance(e.body, dict) and e.body.get("type"), e.body
+        # And the pool serves alpha again, from a new pod.
+        reply = await client.chat.completions.create(model="alpha", messages=HELLO,
+                                                     max_tokens=4)
+        assert reply.choices[0].message.content, outcome
+    finally:
+        await client.close()
+    (again,) = [p for p in harness.member_pods(kubectl, ns, "alpha") if not p.terminating]
+    assert again.name != pod.name and again.ready
