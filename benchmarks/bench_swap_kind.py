@@ -12,7 +12,13 @@ The fake server's load time counts from its process's exec, so Python's start-up
 it; container creation, sandbox and network set-up, scheduling and the reconciler's work are
 the overhead. Same definition as benchmarks/bench_swap.py on the local testbed.
 
+With `--real`, the members are real llama-servers (modelpool/llama-server) serving the
+tiny generated models: their own load (0.02 s warm, benchmarks/bench_llama_load.py) and
+unload (exit within 0.01 s of SIGTERM when idle) are given as `--load 0.02 --unload 0.01`,
+so the overhead is nearly the whole time to first byte.
+
     .venv/bin/python benchmarks/bench_swap_kind.py --swaps 20
+    .venv/bin/python benchmarks/bench_swap_kind.py --swaps 20 --real --load 0.02 --unload 0.01
 """
 
 from __future__ import annotations
@@ -51,7 +57,12 @@ def kubeconfig() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def member(name: str, load: float, unload: float) -> harness.Json:
+def member(name: str, load: float, unload: float, real: bool = False) -> harness.Json:
+    if real:
+        server = harness.fake_member(name)
+        server["spec"].update(image="modelpool/llama-server:e2e", model=f"/models/{name}.gguf",
+                              args=["--alias", name, "-c", "2048"], env=[])
+        return harness.on_node(server, NODE)
     return harness.on_node(harness.fake_member(
         name, load_time=load, env={"FAKE_MODEL_UNLOAD_TIME": str(unload)}), NODE)
 
@@ -78,6 +89,10 @@ async def main() -> int:
     parser.add_argument("--swaps", type=int, default=20)
     parser.add_argument("--load", type=float, default=2.0, help="fake load time, seconds")
     parser.add_argument("--unload", type=float, default=0.5, help="fake unload time, seconds")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds between the pool reading Ready and the next swap")
+    parser.add_argument("--real", action="store_true",
+                        help="real llama-servers (tiny models beta and gemma) as the members")
     args = parser.parse_args()
     kubectl = Kubectl(kubeconfig(), shutil.which("kubectl") or "kubectl")
     ns = f"bench-swap-{secrets.token_hex(3)}"
@@ -88,26 +103,29 @@ async def main() -> int:
             if kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0:
                 break
             await asyncio.sleep(0.2)
-        router = harness.router_on_node(harness.router("bench", ["a", "b"]), CONTROL_PLANE)
-        harness.apply(kubectl, ns, member("a", args.load, args.unload),
-                      member("b", args.load, args.unload),
-                      harness.pool("swap", ["a", "b"], default="a", swap_budget="120s"),
+        a, b = ("beta", "gemma") if args.real else ("a", "b")
+        router = harness.router_on_node(harness.router("bench", [a, b]), CONTROL_PLANE)
+        harness.apply(kubectl, ns, member(a, args.load, args.unload, args.real),
+                      member(b, args.load, args.unload, args.real),
+                      harness.pool("swap", [a, b], default=a, swap_budget="120s"),
                       router)
         (pod,) = harness.wait_router_ready(kubectl, ns, "bench", None, 180.0)
-        harness.wait_pool_ready(kubectl, ns, "swap", "a", 180.0)
+        harness.wait_pool_ready(kubectl, ns, "swap", a, 180.0)
         url = harness.base_url(pod)
         overheads: list[float] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
-            await first_byte(s, url, "a")
-            resident = "a"
+            await first_byte(s, url, a)
+            resident = a
             for _ in range(args.swaps):
-                target = "b" if resident == "a" else "a"
+                target = b if resident == a else a
                 ttfb = await first_byte(s, url, target)
                 overheads.append(ttfb - args.load - args.unload)
                 resident = target
                 # the next swap starts from a settled pool, as a user's would
                 await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, "swap",
                                         resident, 60.0)
+                # (a user's next request for the other model, some time later)
+                await asyncio.sleep(args.pause)
         reconciler = kubectl.json("get", "pods", "-n", "modelpool-system", "-l",
                                   "app.kubernetes.io/name=modelpool-reconciler")["items"]
         ip = next(p["status"]["podIP"] for p in reconciler if p["status"].get("podIP"))
@@ -127,10 +145,13 @@ async def main() -> int:
                     counts[phase] = sample.value
             means = {ph: sums[ph] / counts[ph] for ph in sums if counts.get(ph)}
         load = os.getloadavg()[0]
-        print(f"kind swap overhead over {len(overheads)} warm swaps (load {args.load:g}s, "
+        kind = "real llama-server members" if args.real else "fake members"
+        print(f"kind swap overhead, {kind}, {args.pause:g}s after Ready, over {len(overheads)} "
+              f"warm swaps (load {args.load:g}s, "
               f"unload {args.unload:g}s, load average {load:.1f}):")
         print(f"  p50 {pct(overheads, 50):.2f}s  p95 {pct(overheads, 95):.2f}s  "
               f"mean {statistics.mean(overheads):.2f}s  max {max(overheads):.2f}s")
+        print("  each: " + " ".join(f"{o:.2f}" for o in overheads))
         print("  mean per phase (reconciler): " + ", ".join(
             f"{ph} {means[ph]:.2f}s" for ph in ("drain", "unload", "schedule", "load")
             if ph in means))
