@@ -6,7 +6,9 @@ there), ARGS being what the container would get. This finds the binary that
 `e2e/llama/build-llama-server.sh` built (it never builds here: the README's test command
 does), gives a `--model /models/NAME.gguf` the file the image carries under that name (the
 same generator writes it into the cache on first use: `NAME-large.gguf` the large size,
-anything else the tiny one), binds to the pod's address the node agent hands out
+anything else the tiny one), and a model path that does not exist here (weights a real
+GPU node would have pre-staged, such as examples/' gemma) a tiny generated stand-in of the
+same name, saying so; binds to the pod's address the node agent hands out
 (`MODELPOOL_BIND_HOST`) in place of `--host`, and then becomes llama-server (exec).
 """
 
@@ -56,6 +58,11 @@ def server_args(args: Sequence[str], directory: Path, bind_host: str | None) -> 
                 value = bind_host
             elif word != "--host" and value.startswith(IMAGE_MODELS):
                 value = str(image_model(value, directory))
+            elif word != "--host" and not Path(value).exists():
+                stand_in = image_model(value, directory)
+                print(f"e2e.llama.serve: {value} is not on this machine: serving a generated "
+                      f"stand-in, {stand_in}", file=sys.stderr)
+                value = str(stand_in)
             out += [word, value]
         else:
             out.append(word)

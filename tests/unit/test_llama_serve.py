@@ -33,16 +33,26 @@ def test_the_images_models_and_the_pods_address_replace_the_containers(
     assert written == [("gemma", "tiny")]
 
 
-def test_a_large_model_is_generated_large_and_other_paths_are_left_alone(
+def test_a_large_model_is_generated_large(
     written: list[tuple[str, str]],
 ) -> None:
     assert serve.server_args(["-m", "/models/alpha-large.gguf"], Path("/c"), None) == [
         "-m", "/c/alpha-large.gguf"]
-    assert serve.server_args(["--model", "/data/own.gguf"], Path("/c"), None) == [
-        "--model", "/data/own.gguf"]
     assert written == [("alpha", "large")]
 
 
 def test_without_a_host_flag_the_pods_address_is_added(written: list[tuple[str, str]]) -> None:
     assert serve.server_args(["--port", "1"], Path("/c"), "127.0.0.9") == [
         "--port", "1", "--host", "127.0.0.9"]
+
+
+def test_weights_this_machine_lacks_get_a_stand_in_of_their_name(
+    written: list[tuple[str, str]], tmp_path: Path,
+) -> None:
+    present = tmp_path / "here.gguf"
+    present.write_bytes(b"GGUF")
+    assert serve.server_args(["--model", str(present)], Path("/c"), None) == [
+        "--model", str(present)]
+    assert serve.server_args(["--model", "/srv/w/gemma-3-4b-it-Q4_K_M.gguf"], Path("/c"),
+                             None) == ["--model", "/c/gemma-3-4b-it-Q4_K_M.gguf"]
+    assert written == [("gemma-3-4b-it-Q4_K_M", "tiny")]

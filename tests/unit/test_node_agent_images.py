@@ -37,6 +37,7 @@ def test_repository_ignores_registry_tag_and_digest(image: str, repository: str)
     [
         ("modelpool/fake-model:latest", ("-m", "e2e.fake_model")),
         ("ghcr.io/ggml-org/llama.cpp:server", ("-m", "e2e.fake_model", "--mode", "llamacpp")),
+        ("modelpool/llama-server:e2e", ("-m", "e2e.llama.serve")),
         ("vllm/vllm-openai:latest", ("-m", "e2e.fake_model", "--mode", "vllm")),
         ("example.com/modelpool/router:x", ("-m", "sidecar")),
         ("modelpool/reconciler", ("-m", "reconciler")),

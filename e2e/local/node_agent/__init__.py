@@ -33,8 +33,8 @@ the agent's own interpreter (`sys.executable`):
 
     modelpool/fake-model       python -m e2e.fake_model
     ggml-org/llama.cpp         python -m e2e.fake_model --mode llamacpp
-    vllm/vllm-openai           python -m e2e.fake_model --mode vllm
     modelpool/llama-server     python -m e2e.llama.serve  (the real llama-server)
+    vllm/vllm-openai           python -m e2e.fake_model --mode vllm
     modelpool/router           python -m sidecar
     modelpool/reconciler       python -m reconciler
     modelpool/testbed-client   python -m e2e.local.node_agent.client  (test-only)

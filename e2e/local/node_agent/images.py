@@ -13,10 +13,12 @@ from collections.abc import Mapping
 # Image repository -> the interpreter arguments that start its stand-in.
 PROGRAMS: Mapping[str, tuple[str, ...]] = {
     "modelpool/fake-model": ("-m", "e2e.fake_model"),
+    # llama.cpp's own image stays the fake: the README's first command (the demo of
+    # examples/) then needs no C++ build. The project's llama-server image is the real one
+    # (e2e/llama/serve.py), as on kind: overlays/examples-testbed uses it.
     "ggml-org/llama.cpp": ("-m", "e2e.fake_model", "--mode", "llamacpp"),
-    "vllm/vllm-openai": ("-m", "e2e.fake_model", "--mode", "vllm"),
-    # The real llama-server and the image's generated models (e2e/llama/serve.py).
     "modelpool/llama-server": ("-m", "e2e.llama.serve"),
+    "vllm/vllm-openai": ("-m", "e2e.fake_model", "--mode", "vllm"),
     "modelpool/router": ("-m", "sidecar"),
     "modelpool/reconciler": ("-m", "reconciler"),
     # Test-only: lists or gets an object kind with the pod's own credentials.
