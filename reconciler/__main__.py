@@ -110,7 +110,9 @@ async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
-        controller = Controller(kube, settings, metrics, Renderer(), probe, ready=synced)
+        controller = Controller(kube, settings, metrics,
+                                Renderer(reconciler_namespace=settings.leader.namespace),
+                                probe, ready=synced)
 
         async def lead() -> None:
             if elector is not None:

@@ -165,10 +165,13 @@ class Controller:
                                            MANAGED)
         self.roles = k.Informer(kube, k.ROLES, ns, self._on_owned, MANAGED)
         self.role_bindings = k.Informer(kube, k.ROLE_BINDINGS, ns, self._on_owned, MANAGED)
+        self.network_policies = k.Informer(kube, k.NETWORK_POLICIES, ns, self._on_owned,
+                                           MANAGED)
         self.pods = k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER)
         self.informers = [
             self.servers, self.pools, self.routers, self.deployments, self.services,
-            self.config_maps, self.service_accounts, self.roles, self.role_bindings, self.pods,
+            self.config_maps, self.service_accounts, self.roles, self.role_bindings,
+            self.network_policies, self.pods,
         ]
         self._cached: dict[tuple[str, str], k.Informer] = {
             ("apps/v1", "Deployment"): self.deployments,
@@ -177,6 +180,7 @@ class Controller:
             ("v1", "ServiceAccount"): self.service_accounts,
             (k.ROLES.api_version, "Role"): self.roles,
             (k.ROLE_BINDINGS.api_version, "RoleBinding"): self.role_bindings,
+            (k.NETWORK_POLICIES.api_version, "NetworkPolicy"): self.network_policies,
         }
         self.pool_states: dict[tuple[str, str], s.PoolState] = {}
         self._idle_results: dict[tuple[str, str], list[s.IdleResult]] = defaultdict(list)
@@ -187,6 +191,7 @@ class Controller:
         # status alone leaves it as it is.
         self._generations: dict[tuple[str, str, str], Any] = {}
         self._rendered: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        self._router_refs: dict[tuple[str, str], set[str]] = {}
         self.ready = ready if ready is not None else asyncio.Event()
 
     # Watch events to keys
@@ -259,9 +264,22 @@ class Controller:
         for router in self._routers_of(ns, [m for m in members if m]):
             self._add(ROUTER, ns, router)
 
-    def _on_router(self, _type: str, obj: dict[str, Any]) -> None:
+    def _on_router(self, type_: str, obj: dict[str, Any]) -> None:
         ns, name = k.key_of(obj)
         self._add(ROUTER, ns, name)
+        if self._status_only(ROUTER, type_, obj):
+            return
+        # Each backend's NetworkPolicy names the routers that front it: the servers a
+        # router names now, and those it named before, render theirs again.
+        refs = {
+            (b.get("modelServerRef") or {}).get("name")
+            for b in (obj.get("spec") or {}).get("backends") or []
+        }
+        before = self._router_refs.pop((ns, name), set())
+        if type_ != "DELETED":
+            self._router_refs[(ns, name)] = {r for r in refs if r}
+        for server in sorted({r for r in refs if r} | before):
+            self._add(SERVER, ns, server)
 
     def _on_owned(self, _type: str, obj: dict[str, Any]) -> None:
         ns, _ = k.key_of(obj)
@@ -439,11 +457,13 @@ class Controller:
         """A server's objects, rendered once per (spec generation, replicas, pool): every
         pod event reconciles its server, and a swap's scale-up should not wait for the
         templates to be rendered again to the same output."""
-        key = (spec.namespace, spec.name, spec.uid, spec.generation, replicas, owner_uid, pool)
+        routers = tuple(sorted(self._routers_of(spec.namespace, [spec.name])))
+        key = (spec.namespace, spec.name, spec.uid, spec.generation, replicas, owner_uid, pool,
+               routers)
         objects = self._rendered.get(key)
         if objects is None:
             objects = self.renderer.model_server(
-                spec, replicas=replicas, owner_uid=owner_uid, pool=pool)
+                spec, replicas=replicas, owner_uid=owner_uid, pool=pool, routers=routers)
             if len(self._rendered) >= RENDER_CACHE_SIZE:
                 self._rendered.clear()
             self._rendered[key] = objects

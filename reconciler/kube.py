@@ -84,12 +84,13 @@ ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebin
 PODS = Resource("v1", "Pod", "pods")
 EVENTS = Resource("v1", "Event", "events")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
+NETWORK_POLICIES = Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 
 BY_KIND: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
     for r in (
         MODEL_SERVERS, MODEL_POOLS, MODEL_ROUTERS, DEPLOYMENTS, SERVICES, CONFIG_MAPS,
-        SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PODS, EVENTS, LEASES,
+        SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PODS, EVENTS, LEASES, NETWORK_POLICIES,
     )
 }
 

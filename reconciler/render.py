@@ -59,7 +59,13 @@ ROUTER_HTTP_PORT = 8080
 ROUTER_METRICS_PORT = 9090
 
 # (apiVersion, kind) of everything each owner may render: what a pruner looks for.
-SERVER_KINDS: tuple[tuple[str, str], ...] = (("apps/v1", "Deployment"), ("v1", "Service"))
+SERVER_KINDS: tuple[tuple[str, str], ...] = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+)
+RECONCILER_NAME = "modelpool-reconciler"  # its pods' app.kubernetes.io/name
+DEFAULT_RECONCILER_NAMESPACE = "modelpool-system"
 ROUTER_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
@@ -70,7 +76,11 @@ ROUTER_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 _COMMON_TEMPLATE = "_common.j2"  # macros the others import
-_SERVER_TEMPLATES = ("model-server/deployment.yaml.j2", "model-server/service.yaml.j2")
+_SERVER_TEMPLATES = (
+    "model-server/deployment.yaml.j2",
+    "model-server/service.yaml.j2",
+    "model-server/networkpolicy.yaml.j2",
+)
 _ROUTER_RBAC_TEMPLATES = (
     "router/serviceaccount.yaml.j2",
     "router/role.yaml.j2",
@@ -144,8 +154,12 @@ def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
 class Renderer:
     """Renders ModelServers and ModelRouters; build one at start and share it."""
 
-    def __init__(self, templates_dir: Path | None = None) -> None:
+    def __init__(self, templates_dir: Path | None = None,
+                 reconciler_namespace: str = DEFAULT_RECONCILER_NAMESPACE) -> None:
+        """`reconciler_namespace` is where the reconciler's own pods run: a member's
+        NetworkPolicy admits its idle probe from there."""
         self.templates_dir = templates_dir or DEFAULT_TEMPLATES_DIR
+        self.reconciler_namespace = reconciler_namespace
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(self.templates_dir)),
             undefined=jinja2.StrictUndefined,
@@ -183,10 +197,14 @@ class Renderer:
         replicas: int,
         owner_uid: str | None,
         pool: str | None = None,
+        routers: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
-        """The Deployment and Service of `ms`, at `replicas` (pool members start at 0; the
-        caller decides). `pool` adds the `modelpool.dev/pool` label (not in the selector,
-        so membership can change without replacing the Deployment)."""
+        """The Deployment, Service and NetworkPolicy of `ms`, at `replicas` (pool members
+        start at 0; the caller decides). `pool` adds the `modelpool.dev/pool` label (not in
+        the selector, so membership can change without replacing the Deployment).
+        `routers` names the ModelRouters that front `ms`: with the reconciler's pods, the
+        only ones its NetworkPolicy lets reach the serving port (none with
+        `spec.allowDirectAccess`)."""
         if replicas < 0:
             raise RenderError(f"ModelServer {ms.name}: replicas must not be negative")
         labels = {
@@ -207,6 +225,10 @@ class Renderer:
             "owner": _owner("ModelServer", ms.name, owner_uid),
             "resources": _server_resources(ms),
             "readiness_path": readiness_path(ms),
+            "routers": sorted(set(routers)),
+            "label_router": LABEL_ROUTER,
+            "reconciler_namespace": self.reconciler_namespace,
+            "reconciler_name": RECONCILER_NAME,
         }
         return self._render(_SERVER_TEMPLATES, context)
 

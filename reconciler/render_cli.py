@@ -112,6 +112,8 @@ def render_documents(
             replicas=cold_start_replicas(ms, pool),
             owner_uid=uid,
             pool=pool.name if pool else None,
+            routers=[r.name for r, _ in routers
+                     if r.namespace == namespace and name in r.model_server_refs],
         )
     for router, uid in sorted(routers, key=lambda r: (r[0].namespace, r[0].name)):
         out += renderer.router(

@@ -243,6 +243,7 @@ class ModelServerSpec:
     replicas: int = 1
     readiness_path: str | None = None
     idle: IdleSpec | None = None
+    allow_direct_access: bool = False
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelServerSpec:
@@ -322,6 +323,8 @@ class ModelServerSpec:
             replicas=replicas,
             readiness_path=_str(spec, "readinessPath", where),
             idle=idle,
+            allow_direct_access=_typed(spec.get("allowDirectAccess", False), bool,
+                                       "spec.allowDirectAccess", "a boolean"),
         )
 
 

@@ -764,3 +764,49 @@ async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_go
     assert all(len(s) <= 1 for s in samples), [s for s in samples if len(s) > 1]
     body = await reconciler.pool()
     assert body["status"]["lastSwap"]["outcome"] == "Succeeded"
+
+
+def _policy_routers(kubectl: Any, namespace: str, name: str) -> list[str] | None:
+    """The routers the member's NetworkPolicy admits ([] for the reconciler alone), or
+    None when there is no policy."""
+    result = kubectl("get", "networkpolicy", name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode:
+        return None
+    peers = json.loads(result.stdout)["spec"]["ingress"][0]["from"]
+    for peer in peers:
+        for expression in (peer.get("podSelector") or {}).get("matchExpressions") or []:
+            if expression["key"] == "modelpool.dev/router":
+                return list(expression["values"])
+    return []
+
+
+async def test_a_members_network_policy_follows_its_routers_and_goes_with_it(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """The member's NetworkPolicy, owned by its ModelServer, admits the routers that front
+    it as they come and go; `allowDirectAccess` prunes it; deleting the ModelServer has it
+    collected by the garbage collector. No replicas: no pod event re-renders the member, so
+    only a router's own change can."""
+    quiet = server("a")
+    quiet["spec"]["replicas"] = 0
+    apply(kubectl, namespace, quiet)
+
+    async def admits(expected: list[str] | None) -> bool | None:
+        return True if _policy_routers(kubectl, namespace, "a") == expected else None
+
+    await eventually(lambda: admits([]), "a's policy admitting the reconciler alone", 30)
+    policy = kubectl.json("get", "networkpolicy", "a", "-n", namespace)
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("ModelServer", "a", True)
+    apply(kubectl, namespace, router(["a"]), router(["a"], name="edge"))
+    await eventually(lambda: admits(["chat", "edge"]), "a's policy admitting both routers", 30)
+    kubectl("delete", "modelrouter", "edge", "-n", namespace)
+    await eventually(lambda: admits(["chat"]), "edge gone from a's policy", 30)
+    kubectl("patch", "modelserver", "a", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"allowDirectAccess": True}}))
+    await eventually(lambda: admits(None), "a's policy pruned", 30)
+    kubectl("patch", "modelserver", "a", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"allowDirectAccess": False}}))
+    await eventually(lambda: admits(["chat"]), "a's policy back", 30)
+    kubectl("delete", "modelserver", "a", "-n", namespace)
+    await eventually(lambda: admits(None), "a's policy collected with its ModelServer", 60)

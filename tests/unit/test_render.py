@@ -26,7 +26,7 @@ from reconciler.render import (
     RenderError,
     router_needs_rbac,
 )
-from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec
+from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
 from tests.unit.test_render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
 
 pytestmark = pytest.mark.unit
@@ -39,7 +39,7 @@ RENDERER = Renderer()
 
 CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "server-llamacpp-member": lambda: RENDERER.model_server(
-        GEMMA, replicas=0, owner_uid="uid-gemma", pool="gpu0"
+        GEMMA, replicas=0, owner_uid="uid-gemma", pool="gpu0", routers=["chat"]
     ),
     "server-vllm-member": lambda: RENDERER.model_server(
         QWEN, replicas=1, owner_uid="uid-qwen", pool="gpu0"
@@ -530,3 +530,45 @@ def test_without_an_api_key_secret_the_router_asks_for_no_key() -> None:
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     assert "--api-keys-file" not in pod["containers"][0]["args"]
     assert all(v["name"] != "api-keys" for v in pod["volumes"])
+
+
+def _policy(ms: ModelServerSpec, routers: list[str], renderer: Renderer = RENDERER,
+            ) -> dict[str, Any] | None:
+    objects = renderer.model_server(ms, replicas=0, owner_uid="uid", routers=routers)
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    return policies[0] if policies else None
+
+
+def test_a_members_port_admits_only_its_routers_and_the_reconciler() -> None:
+    policy = _policy(GEMMA, ["edge", "chat", "chat"], Renderer(reconciler_namespace="ops"))
+    assert policy is not None
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"modelpool.dev/model-server": "gemma"}}
+    assert spec["policyTypes"] == ["Ingress"]  # egress stays open: weights, DNS
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    routers, reconciler = rule["from"]
+    assert routers == {"podSelector": {"matchExpressions": [
+        {"key": "modelpool.dev/router", "operator": "In", "values": ["chat", "edge"]}]}}
+    assert reconciler == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "modelpool-reconciler"}}}
+    assert policy["metadata"]["ownerReferences"][0]["kind"] == "ModelServer"
+
+
+def test_without_routers_only_the_reconciler_is_admitted() -> None:
+    policy = _policy(GEMMA, [])
+    assert policy is not None
+    (rule,) = policy["spec"]["ingress"]
+    assert [list(peer) for peer in rule["from"]] == [["namespaceSelector", "podSelector"]]
+
+
+def test_allow_direct_access_renders_no_policy() -> None:
+    spec: dict[str, Any] = {"runtime": "llamacpp", "image": "x/y:1", "model": "/m.gguf",
+                            "allowDirectAccess": True}
+    body = {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelServer",
+            "metadata": {"name": "open", "namespace": "demo"}, "spec": spec}
+    assert _policy(ModelServerSpec.from_body(body), ["chat"]) is None
+    spec["allowDirectAccess"] = "yes"
+    with pytest.raises(SpecError, match=r"spec\.allowDirectAccess must be a boolean"):
+        ModelServerSpec.from_body(body)

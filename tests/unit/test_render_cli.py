@@ -78,7 +78,7 @@ def test_uids_give_owner_references_and_other_kinds_are_skipped(
     code, objects, _ = _run([str(path)], capsys)
     assert code == 0
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("Deployment", "solo"), ("Service", "solo")
+        ("Deployment", "solo"), ("Service", "solo"), ("NetworkPolicy", "solo")
     ]
     assert _deployments(objects) == {"solo": 3}
     for o in objects:
@@ -89,7 +89,7 @@ def test_uids_give_owner_references_and_other_kinds_are_skipped(
 def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO(EXAMPLES[0].read_text()))
     code, objects, _ = _run(["-"], capsys)
-    assert code == 0 and len(objects) == 4
+    assert code == 0 and len(objects) == 6  # each server's Deployment, Service, NetworkPolicy
 
 
 @pytest.mark.unit
