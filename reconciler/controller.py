@@ -521,6 +521,7 @@ class Controller:
             "readyReplicas": ready,
             "endpoint": f"http://{name}.{namespace}.svc:{spec.port}",
             "pool": pool,
+            "networkPolicy": None if spec.allow_direct_access else name,
             "observedGeneration": spec.generation,
             "conditions": cond.merge(
                 status.get("conditions"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -798,6 +799,13 @@ async def test_a_members_network_policy_follows_its_routers_and_goes_with_it(
     policy = kubectl.json("get", "networkpolicy", "a", "-n", namespace)
     (owner,) = policy["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("ModelServer", "a", True)
+    async def named() -> bool | None:
+        status = kubectl.json("get", "modelserver", "a", "-n", namespace).get("status") or {}
+        return True if status.get("networkPolicy") == "a" else None
+
+    await eventually(named, "a's status naming its policy", 30)
+    described = kubectl("describe", "modelserver", "a", "-n", namespace).stdout
+    assert re.search(r"^\s*Network Policy:\s+a$", described, re.MULTILINE), described
     apply(kubectl, namespace, router(["a"]), router(["a"], name="edge"))
     await eventually(lambda: admits(["chat", "edge"]), "a's policy admitting both routers", 30)
     kubectl("delete", "modelrouter", "edge", "-n", namespace)
@@ -805,6 +813,12 @@ async def test_a_members_network_policy_follows_its_routers_and_goes_with_it(
     kubectl("patch", "modelserver", "a", "-n", namespace, "--type=merge",
             "-p", json.dumps({"spec": {"allowDirectAccess": True}}))
     await eventually(lambda: admits(None), "a's policy pruned", 30)
+
+    async def unnamed() -> bool | None:
+        status = kubectl.json("get", "modelserver", "a", "-n", namespace).get("status") or {}
+        return True if "networkPolicy" not in status else None
+
+    await eventually(unnamed, "a's status naming no policy", 30)
     kubectl("patch", "modelserver", "a", "-n", namespace, "--type=merge",
             "-p", json.dumps({"spec": {"allowDirectAccess": False}}))
     await eventually(lambda: admits(["chat"]), "a's policy back", 30)
