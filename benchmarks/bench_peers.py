@@ -1,0 +1,231 @@
+"""The router against its peers, in one run: the same upstream, the same client, rounds
+alternated so that drifts of load hit every peer alike.
+
+The upstream is nginx answering a fixed chat completion (about 260 bytes) from memory, so
+it is never the bottleneck; the client is `wrk` (C, one thread) POSTing a chat request.
+In front of the upstream, in turn:
+
+- nothing (direct), the baseline every ratio is against;
+- nginx as a keep-alive reverse proxy (`proxy_pass` to an upstream block with keepalive);
+- HAProxy in HTTP mode with connection reuse;
+- the modelpool router (`python -m sidecar`, one process, a static URL backend);
+- LiteLLM's proxy (pinned, in a virtual environment of its own, one worker), when
+  `--litellm` names its `litellm` program or `/tmp/litellm-venv/bin/litellm` exists.
+
+nginx, HAProxy and wrk are Debian's (`apt-get install nginx haproxy wrk`); LiteLLM:
+`python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install 'litellm[proxy]==1.106.12'`.
+
+    .venv/bin/python benchmarks/bench_peers.py --rounds 3 --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+for entry in (str(REPO), str(HERE)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+import bench_router  # noqa: E402
+
+HOST = "127.0.0.1"
+MODEL = "coder"
+REPLY = (
+    '{"id":"chatcmpl-1","object":"chat.completion","created":1764547200,"model":"coder",'
+    '"choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the '
+    'upstream."},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":4,'
+    '"total_tokens":9}}'
+)
+BODY = '{"model":"coder","messages":[{"role":"user","content":"Say something."}]}'
+LITELLM_DEFAULT = Path("/tmp/litellm-venv/bin/litellm")
+
+
+def free_port() -> int:
+    return bench_router.free_port()
+
+
+def wait_port(port: int, process: subprocess.Popen[bytes], what: str, within: float = 60.0
+              ) -> None:
+    """Until `port` accepts a connection (a server's start has no event to wait on)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} exited {process.returncode} before listening")
+        with socket.socket() as s:
+            if s.connect_ex((HOST, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise SystemExit(f"{what} did not listen on {port} within {within:g}s")
+
+
+def nginx_conf(work: Path, listen: int, body: str) -> Path:
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf = work / f"nginx-{listen}.conf"
+    conf.write_text(
+        f"{user}worker_processes 1;\ndaemon off;\npid {work}/nginx-{listen}.pid;\n"
+        f"error_log {work}/nginx-{listen}.log warn;\n"
+        "events { worker_connections 4096; }\n"
+        "http {\n access_log off;\n"
+        f" client_body_temp_path {work}/body-{listen};\n"
+        f" proxy_temp_path {work}/proxy-{listen};\n"
+        f" fastcgi_temp_path {work}/fcgi-{listen};\n uwsgi_temp_path {work}/uwsgi-{listen};\n"
+        f" scgi_temp_path {work}/scgi-{listen};\n"
+        f"{body}\n}}\n")
+    return conf
+
+
+def upstream_conf(work: Path, port: int) -> Path:
+    reply = REPLY.replace("'", "\\'")
+    return nginx_conf(work, port, (
+        f" server {{ listen {HOST}:{port}; keepalive_requests 1000000;\n"
+        "  client_body_buffer_size 64k;\n"
+        f"  location / {{ default_type application/json; return 200 '{reply}'; }} }}"))
+
+
+def nginx_proxy_conf(work: Path, port: int, upstream: int) -> Path:
+    return nginx_conf(work, port, (
+        f" upstream up {{ server {HOST}:{upstream}; keepalive 64; keepalive_requests 1000000; }}\n"
+        f" server {{ listen {HOST}:{port}; keepalive_requests 1000000;\n"
+        "  location / { proxy_pass http://up; proxy_http_version 1.1;\n"
+        '   proxy_set_header Connection ""; } }'))
+
+
+def haproxy_conf(work: Path, port: int, upstream: int) -> Path:
+    conf = work / "haproxy.cfg"
+    conf.write_text(
+        "global\n maxconn 4096\n nbthread 1\n"
+        "defaults\n mode http\n timeout connect 5s\n timeout client 60s\n timeout server 60s\n"
+        " option http-keep-alive\n http-reuse always\n"
+        f"frontend fe\n bind {HOST}:{port}\n default_backend be\n"
+        f"backend be\n server up {HOST}:{upstream}\n")
+    return conf
+
+
+def litellm_conf(work: Path, upstream: int) -> Path:
+    conf = work / "litellm.yaml"
+    conf.write_text(
+        "model_list:\n"
+        f"- model_name: {MODEL}\n"
+        "  litellm_params:\n"
+        f"    model: openai/{MODEL}\n"
+        f"    api_base: http://{HOST}:{upstream}/v1\n"
+        "    api_key: unused\n")
+    return conf
+
+
+def wrk(url: str, connections: int, seconds: float, script: Path) -> tuple[float, float]:
+    """(requests per second, p50 latency in microseconds) from one wrk run."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script),
+         url], capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    value, unit = re.search(r"^\s+50%\s+([\d.]+)(us|ms|s)", out, re.M).groups()  # type: ignore[union-attr]
+    scale = {"us": 1.0, "ms": 1e3, "s": 1e6}[unit]
+    if re.search(r"Non-2xx or 3xx responses", out):
+        raise SystemExit(f"{url} answered errors under load:\n{out}")
+    return rps, float(value) * scale
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per wrk run")
+    parser.add_argument("--connections", default="1,16")
+    parser.add_argument("--litellm", type=Path, default=None,
+                        help=f"LiteLLM's program (default {LITELLM_DEFAULT} if present)")
+    args = parser.parse_args()
+    missing = [tool for tool in ("nginx", "haproxy", "wrk") if shutil.which(tool) is None]
+    if missing:
+        raise SystemExit(f"missing: {' '.join(missing)} (apt-get install nginx haproxy wrk)")
+    litellm = args.litellm or (LITELLM_DEFAULT if LITELLM_DEFAULT.exists() else None)
+    connections = [int(c) for c in args.connections.split(",")]
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: list[str], port: int, what: str, **kw: object) -> None:
+        log = open(work / f"{what}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
+        processes.append(process)
+        wait_port(port, process, what, 120.0 if what == "litellm" else 30.0)
+
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        work = Path(tmp)
+        upstream = free_port()
+        spawn(["nginx", "-c", str(upstream_conf(work, upstream))], upstream, "upstream")
+        peers: dict[str, str] = {"direct": f"http://{HOST}:{upstream}"}
+        port = free_port()
+        spawn(["nginx", "-c", str(nginx_proxy_conf(work, port, upstream))], port, "nginx")
+        peers["nginx"] = f"http://{HOST}:{port}"
+        port = free_port()
+        spawn(["haproxy", "-f", str(haproxy_conf(work, port, upstream))], port, "haproxy")
+        peers["haproxy"] = f"http://{HOST}:{port}"
+        config = work / "router.json"
+        bench_router.write_config(config, upstream, pooled=False)
+        port, metrics = free_port(), free_port()
+        spawn([sys.executable, "-m", "sidecar", "--config", str(config), "--port", str(port),
+               "--metrics-port", str(metrics)], port, "router", cwd=str(REPO),
+              env={**os.environ, "PYTHONPATH": str(REPO), "MODELPOOL_LOG_LEVEL": "warning"})
+        peers["modelpool router"] = f"http://{HOST}:{port}"
+        if litellm is not None:
+            port = free_port()
+            # no master key: a loopback benchmark, as LiteLLM's local-development mode
+            spawn([str(litellm), "--config", str(litellm_conf(work, upstream)), "--host", HOST,
+                   "--port", str(port), "--num_workers", "1"], port, "litellm",
+                  env={**os.environ, "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"})
+            peers["LiteLLM proxy"] = f"http://{HOST}:{port}"
+        script = work / "post.lua"
+        script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
+                          "wrk.headers['Content-Type'] = 'application/json'\n")
+        results: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+        try:
+            for url in peers.values():  # warm each once
+                wrk(f"{url}/v1/chat/completions", 1, 1.0, script)
+            for round_ in range(args.rounds):
+                order = list(peers.items())
+                if round_ % 2:
+                    order.reverse()
+                for name, base in order:
+                    for c in connections:
+                        seconds = args.seconds if name != "LiteLLM proxy" else min(args.seconds, 5)
+                        results[(name, c)].append(
+                            wrk(f"{base}/v1/chat/completions", c, seconds, script))
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+    median: Callable[[list[float]], float] = statistics.median
+    print(f"peers, {args.rounds} rounds alternated, wrk -t1, {args.seconds:g}s per run, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    header = " | ".join(f"{c} conn rps | {c} conn p50 | rps vs direct" for c in connections)
+    print(f"| in front of the upstream | {header} |")
+    print("| --- |" + " --- | --- | --- |" * len(connections))
+    for name in peers:
+        cells = []
+        for c in connections:
+            rps = median([r for r, _ in results[(name, c)]])
+            p50 = median([p for _, p in results[(name, c)]])
+            direct = median([r for r, _ in results[("direct", c)]])
+            cells += [f"{rps:,.0f}", f"{p50:,.0f} us", f"{rps / direct:.2f}"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
