@@ -136,10 +136,34 @@ DOCKERFILE
 }
 build_llama_server
 
+# modelpool/kube-router: kube-router (build-tools.sh) with the iptables and ipset it drives,
+# from Debian; the NetworkPolicy firewall of the kind testbed (kube-router.yaml).
+KUBE_ROUTER_IMAGE=modelpool/kube-router:v2.1.0
+build_kube_router() {
+  local ctx tools
+  tools="$(bash "$here/build-tools.sh" | tail -n 1)"
+  ctx="$(mktemp -d)"
+  cp "$tools/kube-router" "$ctx/kube-router"
+  cat >"$ctx/Dockerfile" <<DOCKERFILE
+FROM $base
+USER 0:0
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends iptables ipset \\
+ && rm -rf /var/lib/apt/lists/*
+COPY kube-router /usr/local/bin/kube-router
+ENTRYPOINT ["/usr/local/bin/kube-router"]
+DOCKERFILE
+  DOCKER_BUILDKIT=0 docker build -q -t "$KUBE_ROUTER_IMAGE" "$ctx" >/dev/null 2>&1 || {
+    DOCKER_BUILDKIT=0 docker build -t "$KUBE_ROUTER_IMAGE" "$ctx" >&2; exit 1; }
+  rm -rf "$ctx"
+  log "$KUBE_ROUTER_IMAGE built on $base"
+}
+build_kube_router
+
 # One load of them all: their shared layers cross to each node once.
 images=()
 for name in reconciler router fake-model fake-gpu-plugin llama-server; do
   images+=("modelpool/$name:$version" "modelpool/$name:e2e")
 done
+images+=("$KUBE_ROUTER_IMAGE")
 bash "$here/kind.sh" load docker-image --name "$cluster" "${images[@]}" >/dev/null
 log "images loaded into kind cluster $cluster"

@@ -12,6 +12,8 @@
 #                   the flannel CNI plugin (its older home, containernetworking/plugins v0.9.1)
 #   flanneld        github.com/flannel-io/flannel, two backends left out (see build_flannel)
 #   pause           a static C program that sleeps and reaps, as the sandbox image runs
+#   kube-router     github.com/cloudnativelabs/kube-router/v2, run as a NetworkPolicy
+#                   firewall only (flannel moves the packets and enforces no policy)
 #
 # Environment: MODELPOOL_CACHE (default ~/.cache/modelpool), MODELPOOL_K8S_VERSION.
 set -euo pipefail
@@ -23,6 +25,7 @@ COREDNS_VERSION=v1.13.1
 CNI_PLUGINS_VERSION=v1.9.1
 FLANNEL_VERSION=v0.28.10
 FLANNEL_CNI_VERSION=v0.9.1
+KUBE_ROUTER_VERSION=v2.1.0
 CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
 BIN="$CACHE/kind/tools-k8s-${K8S_VERSION}/bin"
 WORK="$CACHE/kind/work"
@@ -84,6 +87,17 @@ build_cni() {
 # flanneld's tencentvpc backend needs a module the proxy refuses, and its udp backend needs
 # cgo on amd64: both are left out of a copy of main.go (host-gw, the backend used here, and
 # the others stay). go.mod and go.sum are the release's own.
+build_kube_router() {  # from its module's own go.mod (go install refuses its replace lines)
+  local dir
+  dir="$(cd "$WORK" && go mod download -json \
+    "github.com/cloudnativelabs/kube-router/v2@$KUBE_ROUTER_VERSION" \
+    | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  rm -rf "$WORK/kube-router" && cp -R "$dir" "$WORK/kube-router"
+  chmod -R u+w "$WORK/kube-router"
+  (cd "$WORK/kube-router" && go build -trimpath -ldflags "-s -w" -o "$BIN/kube-router" \
+    ./cmd/kube-router >&2)
+}
+
 build_flannel() {
   local dir="$WORK/flannel-$FLANNEL_VERSION"
   (cd "$WORK" && GOFLAGS= go mod download "github.com/flannel-io/flannel@$FLANNEL_VERSION" >&2)
@@ -118,5 +132,6 @@ timed coredns go_install "$BIN" "github.com/coredns/coredns@$COREDNS_VERSION"
 timed cni-plugins build_cni
 timed flanneld build_flannel
 timed pause build_pause
+timed kube-router build_kube_router
 log "tools ready: $BIN"
 echo "$BIN"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A kind cluster for the e2e tier, offline if need be: one control-plane node and two worker
 # nodes whose fake GPU device plugin advertises 1 and 2 `nvidia.com/gpu`, pod networking
-# across nodes by flannel (host-gw), CoreDNS, the project's images side-loaded, modelpool
+# across nodes by flannel (host-gw), NetworkPolicies enforced by kube-router, CoreDNS, the
+# project's images side-loaded, modelpool
 # installed from overlays/kind. Idempotent: an existing cluster of this name is reused.
 # Prints each stage's time, and the kubeconfig path as its last line.
 #
@@ -168,6 +169,11 @@ for node in $(kubectl_ get nodes -l modelpool.dev/fake-gpus -o name); do
   [[ $have == "$want" ]] || { log "$node advertises ${have:-no} nvidia.com/gpu, not $want"; exit 1; }
 done
 stage "fake GPU device plugin registered on every GPU node"
+
+kubectl_ apply -f "$here/kube-router.yaml" >/dev/null
+roll_to_image daemonset/kube-router kube-system modelpool/kube-router:v2.1.0
+kubectl_ -n kube-system rollout status daemonset/kube-router --timeout=180s >/dev/null
+stage "NetworkPolicies enforced (kube-router, firewall only)"
 
 kubectl_ apply --server-side -k "$root/overlays/kind" >/dev/null
 kubectl_ wait --for=condition=Established --timeout=60s \

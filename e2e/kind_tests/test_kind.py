@@ -222,12 +222,13 @@ def test_the_reconciler_runs_restricted_checked_by_the_kubelet(kind_kubectl: Kub
 
 def real_member(name: str, model: str) -> harness.Json:
     """A ModelServer run by the real llama-server (modelpool/llama-server), pinned to the
-    node with two GPUs; one slot, so a generation in flight makes it busy."""
+    node with two GPUs; one slot, so a generation in flight makes it busy. The test reads
+    its /slots from this machine, so it admits direct access."""
     return harness.on_node({
         "apiVersion": harness.API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
         "spec": {"runtime": "llamacpp", "image": "modelpool/llama-server:e2e",
                  "model": model, "args": ["-c", "2048", "-np", "1"],
-                 "resources": {"gpu": 1}},
+                 "resources": {"gpu": 1}, "allowDirectAccess": True},
     }, TWO_GPUS)
 
 

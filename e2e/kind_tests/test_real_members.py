@@ -140,9 +140,11 @@ async def test_a_member_deleted_with_a_non_streamed_request_in_flight_frees_the_
     in flight ends (answered again, or an OpenAI error; never left hanging), and the pool
     serves the member again from a new pod."""
     ns, kubectl = restricted_namespace, kind_kubectl
+    alpha = harness.on_node(llama("alpha", "/models/alpha-large.gguf", "-np", "1"), ONE_GPU)
+    alpha["spec"]["allowDirectAccess"] = True  # the test reads its /slots from here
     harness.apply(
         kubectl, ns,
-        harness.on_node(llama("alpha", "/models/alpha-large.gguf", "-np", "1"), ONE_GPU),
+        alpha,
         harness.pool(POOL, ["alpha"], default="alpha", swap_budget="180s"),
         harness.router_on_node(harness.router(ROUTER, ["alpha"]), CONTROL_PLANE),
     )
