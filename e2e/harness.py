@@ -45,7 +45,8 @@ Waiting and reading
     ready, pid of the first container, restarts); `pod_kubeconfig(node_state_dir, pod)`
     is the kubeconfig the node agent wrote for that pod's ServiceAccount.
     `base_url(pod)` is `http://<podIP>:8080/v1`; `metrics_url(pod)` is
-    `http://<podIP>:9090/metrics` (the router's, and the reconciler's pod too).
+    `http://<podIP>:9090/metrics` (the router's, and the reconciler's pod too);
+    `slots_busy(pod_ip)` whether a llama.cpp member's `/slots` shows a slot processing.
     `reconciler_pod(kubectl, installation)` is the reconciler's Ready pod.
 
 Metrics
@@ -498,6 +499,12 @@ def base_url(pod: Pod, port: int = ROUTER_PORT) -> str:
 
 def metrics_url(pod: Pod, port: int = ROUTER_METRICS_PORT) -> str:
     return f"http://{pod.ip}:{port}/metrics"
+
+
+def slots_busy(pod_ip: str, port: int = 8080) -> bool:
+    """Whether a llama.cpp member's `/slots` (read from here) shows a slot processing."""
+    with urllib.request.urlopen(f"http://{pod_ip}:{port}/slots", timeout=5) as r:
+        return any(s["is_processing"] for s in json.load(r))
 
 
 def scrape(url: str, timeout: float = 10.0) -> dict[str, Metric]:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -232,10 +231,6 @@ def real_member(name: str, model: str) -> harness.Json:
     }, TWO_GPUS)
 
 
-def slots_busy(pod_ip: str) -> bool:
-    with urllib.request.urlopen(f"http://{pod_ip}:8080/slots", timeout=5) as r:
-        return any(s["is_processing"] for s in json.load(r))
-
 
 async def test_a_real_llama_server_in_flight_defers_the_swap_until_it_ends(
     kind_kubectl: Kubectl, restricted_namespace: str,
@@ -262,8 +257,10 @@ async def test_a_real_llama_server_in_flight_defers_the_swap_until_it_ends(
     long = asyncio.create_task(client.completions.create(
         model="alpha", prompt="the pool", max_tokens=400))
     # (in a thread: the loop must keep sending the generation meanwhile)
-    await asyncio.to_thread(harness.eventually, lambda: True if slots_busy(alpha["status"]["podIP"])
-                            else None, "alpha's slot to be processing", 30)
+    ip = alpha["status"]["podIP"]
+    await asyncio.to_thread(harness.eventually,
+                            lambda: True if harness.slots_busy(ip) else None,
+                            "alpha's slot to be processing", 30)
     swapped = asyncio.create_task(client.chat.completions.create(
         model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=4))
 

@@ -6,9 +6,7 @@ member started for them, and llama.cpp's own 400 for a prompt over its context."
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from typing import Any
 
 import openai
@@ -127,10 +125,6 @@ async def test_two_real_llama_members_and_a_fake_vllm_one_through_the_router(
 GRACE_SECONDS = 5  # what the reconciler renders for a llama.cpp member (templates say why)
 
 
-def slots_busy(pod_ip: str) -> bool:
-    with urllib.request.urlopen(f"http://{pod_ip}:8080/slots", timeout=5) as r:
-        return any(s["is_processing"] for s in json.load(r))
-
 
 async def test_a_member_deleted_with_a_non_streamed_request_in_flight_frees_the_gpu_in_grace(
     kind_kubectl: Kubectl, restricted_namespace: str,
@@ -162,7 +156,7 @@ async def test_a_member_deleted_with_a_non_streamed_request_in_flight_frees_the_
         in_flight = asyncio.create_task(client.completions.create(
             model="alpha", prompt="the pool", max_tokens=1000))
         await asyncio.to_thread(harness.eventually,
-                                lambda: True if slots_busy(str(pod.ip)) else None,
+                                lambda: True if harness.slots_busy(str(pod.ip)) else None,
                                 "alpha's slot processing", 30)
         deleted = time.monotonic()
         kubectl("delete", "pod", pod.name, "-n", ns, "--wait=false")
