@@ -16,6 +16,7 @@ nginx, HAProxy and wrk are Debian's (`apt-get install nginx haproxy wrk`); LiteL
 `python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install 'litellm[proxy]==1.106.12'`.
 
     .venv/bin/python benchmarks/bench_peers.py --rounds 3 --seconds 5
+    .venv/bin/python benchmarks/bench_peers.py --bodies 200000,2000000   # large prompts
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def nginx_conf(work: Path, listen: int, body: str) -> Path:
         f"{user}worker_processes 1;\ndaemon off;\npid {work}/nginx-{listen}.pid;\n"
         f"error_log {work}/nginx-{listen}.log warn;\n"
         "events { worker_connections 4096; }\n"
-        "http {\n access_log off;\n"
+        "http {\n access_log off;\n client_max_body_size 64m;\n"
         f" client_body_temp_path {work}/body-{listen};\n"
         f" proxy_temp_path {work}/proxy-{listen};\n"
         f" fastcgi_temp_path {work}/fcgi-{listen};\n uwsgi_temp_path {work}/uwsgi-{listen};\n"
@@ -127,6 +128,20 @@ def litellm_conf(work: Path, upstream: int) -> Path:
     return conf
 
 
+def body_script(work: Path, size: int, model_first: bool) -> Path:
+    """A wrk script POSTing a chat request of about `size` bytes, `model` first or last."""
+    filler = max(0, size - 80)
+    content = f'string.rep("the pool ", {filler // 9})'
+    model = '"\\"model\\":\\"coder\\""'
+    messages = '"\\"messages\\":[{\\"role\\":\\"user\\",\\"content\\":\\"" .. ' \
+        + content + ' .. "\\"}]"'
+    parts = f"{model} .. \",\" .. {messages}" if model_first else f"{messages} .. \",\" .. {model}"
+    script = work / f"post-{size}-{'first' if model_first else 'last'}.lua"
+    script.write_text(f'wrk.method = "POST"\nwrk.body = "{{" .. {parts} .. "}}"\n'
+                      'wrk.headers["Content-Type"] = "application/json"\n')
+    return script
+
+
 def wrk(url: str, connections: int, seconds: float, script: Path) -> tuple[float, float]:
     """(requests per second, p50 latency in microseconds) from one wrk run."""
     out = subprocess.run(
@@ -145,6 +160,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per wrk run")
     parser.add_argument("--connections", default="1,16")
+    parser.add_argument("--bodies", default="",
+                        help="prompt sizes in bytes (e.g. 200000,2000000): instead of the "
+                        "table above, p50 at 1 connection with `model` first and last")
     parser.add_argument("--litellm", type=Path, default=None,
                         help=f"LiteLLM's program (default {LITELLM_DEFAULT} if present)")
     args = parser.parse_args()
@@ -189,6 +207,15 @@ def main() -> int:
         script = work / "post.lua"
         script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
                           "wrk.headers['Content-Type'] = 'application/json'\n")
+        if args.bodies:
+            peers.pop("LiteLLM proxy", None)
+            sizes = [int(b) for b in args.bodies.split(",")]
+            try:
+                large_bodies(work, peers, sizes, args.rounds, args.seconds)
+            finally:
+                for process in processes:
+                    process.terminate()
+            return 0
         results: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
         try:
             for url in peers.values():  # warm each once
@@ -225,6 +252,39 @@ def main() -> int:
             cells += [f"{rps:,.0f}", f"{p50:,.0f} us", f"{rps / direct:.2f}"]
         print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
+
+
+def large_bodies(work: Path, peers: dict[str, str], sizes: list[int], rounds: int,
+                 seconds: float) -> None:
+    """p50 latency at one connection for each prompt size, `model` first and last."""
+    scripts = {(size, first): body_script(work, size, first)
+               for size in sizes for first in (True, False)}
+    results: dict[tuple[str, int, bool], list[tuple[float, float]]] = defaultdict(list)
+    for url in peers.values():
+        wrk(f"{url}/v1/chat/completions", 1, 1.0, scripts[(sizes[0], True)])
+    for round_ in range(rounds):
+        order = list(peers.items())
+        if round_ % 2:
+            order.reverse()
+        for name, base in order:
+            for (size, first), script in scripts.items():
+                results[(name, size, first)].append(
+                    wrk(f"{base}/v1/chat/completions", 1, seconds, script))
+    print(f"large prompts, 1 connection, {rounds} rounds alternated, wrk -t1, {seconds:g}s "
+          f"per run, load average {os.getloadavg()[0]:.1f}")
+    columns = [(size, first) for size in sizes for first in (True, False)]
+    print("| in front of the upstream | " + " | ".join(
+        f"{size / 1e6:g} MB, model {'first' if first else 'last'}: p50 (added)"
+        for size, first in columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
+    for name in peers:
+        cells = []
+        for size, first in columns:
+            p50 = statistics.median([p for _, p in results[(name, size, first)]])
+            direct = statistics.median([p for _, p in results[("direct", size, first)]])
+            added = "" if name == "direct" else f" (+{p50 - direct:,.0f})"
+            cells.append(f"{p50:,.0f} us{added}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -600,7 +600,8 @@ def table(out: Results) -> str:
             f"held during a swap: {h['ok']}/{h['n']} answered 200 after it; all held in "
             f"{h['seconds_to_hold_all']:.1f} s; all answered {h['seconds_to_answer_all']:.2f} s "
             f"after the swap; router peak RSS {h['peak_rss_mb']:.0f} MB "
-            f"(idle {h['rss_start_mb']:.0f} MB)",
+            f"(idle {h['rss_start_mb']:.0f} MB; "
+            f"{(h['peak_rss_mb'] - h['rss_start_mb']) * 1024 / h['n']:.1f} KB per held request)",
             *(f"  failed: {n} x {what}" for what, n in h["failures"].items()),
         ]
     if out.ready:
@@ -638,6 +639,14 @@ async def bench(args: argparse.Namespace) -> Results:
             write_config(pooled, up_port, pooled=True)
             common = [__file__, "fake-kube-router", "--upstream-port", str(up_port)]
             if args.only in (None, "held"):
+                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                if args.held > hard - 1500:
+                    raise SystemExit(
+                        f"{args.held} held requests need as many open files in the router and "
+                        "in this client, and the router up to 1,024 more to the upstream once "
+                        f"they are released; this machine allows {hard} per process (raising "
+                        "the hard limit needs CAP_SYS_RESOURCE): use --held "
+                        f"{(hard - 1500) // 1000 * 1000} or fewer")
                 held_router = await start_router(pooled, *common, "--swap", "signal", logs=logs)
                 procs.append(held_router)
                 print(f"{args.held} requests held during a swap", flush=True)

@@ -31,7 +31,7 @@ from reconciler import swap as s
 from reconciler.idle import idle_check
 from reconciler.logs import ObjectLogger
 from reconciler.metrics import ReconcilerMetrics
-from reconciler.probes import IdleProbe
+from reconciler.probes import IdleProbe, Reading
 from reconciler.render import (
     LABEL_POOL,
     LABEL_ROUTER,
@@ -41,8 +41,10 @@ from reconciler.render import (
     SERVER_KINDS,
     Renderer,
     RenderError,
+    prewarm_pod_name,
     router_object_name,
 )
+from reconciler.router_config import MissingServer
 from reconciler.settings import Settings
 from reconciler.spec import (
     DEFAULT_GPU_RESOURCE,
@@ -62,6 +64,7 @@ ROUTER = "ModelRouter"
 MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 MEMBER_NOT_FOUND = "MemberNotFound"
 WAITING_FOR_MEMBERS = "WaitingForMembers"
+WAITING_FOR_SERVER = "WaitingForModelServer"
 # Rendered servers kept (a handful per server: its replicas 0 and 1, in a pool or not).
 RENDER_CACHE_SIZE = 1024
 
@@ -183,7 +186,8 @@ class Controller:
             (k.NETWORK_POLICIES.api_version, "NetworkPolicy"): self.network_policies,
         }
         self.pool_states: dict[tuple[str, str], s.PoolState] = {}
-        self._idle_results: dict[tuple[str, str], list[s.IdleResult]] = defaultdict(list)
+        self._idle_results: dict[tuple[str, str], list[s.IdleResult | s.ActivityResult]] = (
+            defaultdict(list))
         # Idle probes and Events run beside the reconciles: a swap's next step never
         # waits for an Event to be posted.
         self._probes: set[asyncio.Task[None]] = set()
@@ -192,6 +196,10 @@ class Controller:
         self._generations: dict[tuple[str, str, str], Any] = {}
         self._rendered: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self._router_refs: dict[tuple[str, str], set[str]] = {}
+        # The swap target each pool's prewarm pod reads for, and whether one was created.
+        self._prewarming: dict[tuple[str, str], tuple[str, bool]] = {}
+        # (generation, when first seen) per pool and router: see `_settling`
+        self._first_seen: dict[Key, tuple[int, float]] = {}
         self.ready = ready if ready is not None else asyncio.Event()
 
     # Watch events to keys
@@ -556,6 +564,23 @@ class Controller:
         informer = self.servers if body.get("kind") == SERVER else self.routers
         await self._patch_status(informer, body, pool_status.status_patch(owned, status))
 
+    async def _router_waiting(self, body: Mapping[str, Any], message: str) -> None:
+        """A router just applied or changed whose ModelServer is not seen yet: Reconciling,
+        not Stalled (`_settling`)."""
+        status = body.get("status") or {}
+        generation = int(_meta(body).get("generation") or 0)
+        waiting = (WAITING_FOR_SERVER, message.replace("which does not exist", "not seen yet"))
+        owned = {
+            "observedGeneration": generation,
+            "conditions": cond.merge(
+                status.get("conditions"),
+                cond.kstatus(ready=(False, *waiting), reconciling=waiting),
+                now=rfc3339(self.clock()),
+                observed_generation=generation,
+            ),
+        }
+        await self._patch_status(self.routers, body, pool_status.status_patch(owned, status))
+
     # ModelPool
 
     def _pool_problem(self, spec: ModelPoolSpec) -> s.Problem | None:
@@ -579,18 +604,37 @@ class Controller:
             return s.Problem("InvalidMember", "; ".join(invalid))
         return None
 
-    def _maybe_pending(self, body: Mapping[str, Any], problem: s.Problem) -> s.Problem:
-        """A pool in its first seconds whose members are not seen yet is in progress, not
-        stalled: applied together with them, it may reach the reconciler first. It is
-        looked at again when a member appears, and once those seconds are over."""
+    def _settling(self, kind: str, body: Mapping[str, Any]) -> bool:
+        """Whether a ModelServer that `body` names but the reconciler has not seen may still
+        be on its way: in progress, not stalled. Objects applied together (as `kubectl
+        apply -k` and GitOps tools do) reach the reconciler in any order, on creation and
+        on every change of spec alike (a commit that adds a member to a pool and the member
+        itself). So for `standalone_settle_seconds` from the first time this generation of
+        the spec is seen, while its status is not yet Stalled for it, the object waits
+        and is looked at again when the server appears or the time is up. A restarted
+        reconciler keeps a Stalled status Stalled: its spec was judged before."""
         meta = _meta(body)
-        created = parse(meta.get("creationTimestamp"))
-        settle = self.settings.swap.standalone_settle_seconds
-        age = self.clock() - created if created is not None else settle
-        if age >= settle:
+        key = Key(kind, str(meta.get("namespace")), str(meta.get("name")))
+        generation = int(meta.get("generation") or 0)
+        status = body.get("status") or {}
+        reconciling = cond.find(status.get("conditions"), cond.RECONCILING) or {}
+        judged = status.get("observedGeneration") == generation and not (
+            reconciling.get("status") == "True"
+            and reconciling.get("reason") in (WAITING_FOR_MEMBERS, WAITING_FOR_SERVER))
+        now = self.clock()
+        seen = self._first_seen.get(key)
+        if seen is None or seen[0] != generation:
+            seen = self._first_seen[key] = (generation, now)
+        remaining = self.settings.swap.standalone_settle_seconds - (now - seen[1])
+        if judged or remaining <= 0:
+            return False
+        self.queue.add_after(key, remaining)
+        return True
+
+    def _maybe_pending(self, body: Mapping[str, Any], problem: s.Problem) -> s.Problem:
+        """Missing members of a pool just applied or changed: waited for (`_settling`)."""
+        if not self._settling(POOL, body):
             return problem
-        self.queue.add_after(Key(POOL, str(meta.get("namespace")), str(meta.get("name"))),
-                             settle - age)
         message = problem.message.replace("ModelServer not found", "waiting for ModelServer")
         return s.Problem(WAITING_FOR_MEMBERS, message, pending=True)
 
@@ -599,11 +643,14 @@ class Controller:
         scheduled: dict[str, int] = {}
         ready: dict[str, int] = {}
         unschedulable: dict[str, str] = {}
+        terminating: dict[str, int] = {}
         for pod in self.pods.items(namespace):
             member = _labels(pod).get(LABEL_SERVER) or ""
             if member not in members or not _pod_active(pod):
                 continue
             pods[member] = pods.get(member, 0) + 1
+            if _meta(pod).get("deletionTimestamp"):
+                terminating[member] = terminating.get(member, 0) + 1
             if (pod.get("spec") or {}).get("nodeName"):
                 scheduled[member] = scheduled.get(member, 0) + 1
             if _pod_ready(pod):
@@ -612,7 +659,7 @@ class Controller:
             if refused is not None and member not in unschedulable:
                 unschedulable[member] = self._unschedulable(namespace, member, refused)
         return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready,
-                            unschedulable=unschedulable)
+                            unschedulable=unschedulable, terminating=terminating)
 
     def _unschedulable(self, namespace: str, member: str, message: str) -> str:
         """The scheduler's refusal, naming the pods in view that hold the GPU it lacks."""
@@ -628,14 +675,18 @@ class Controller:
         body = self.pools.get(namespace, name)
         key = (namespace, name)
         if body is None:
+            self._first_seen.pop(Key(POOL, namespace, name), None)
+            self._prewarming.pop(key, None)  # the garbage collector takes its pod
             gone = self.pool_states.pop(key, None)
             if gone is not None:
                 self.metrics.forget_pool(namespace, name, gone.config.members)
             return
         status = body.get("status") or {}
         generation = int(_meta(body).get("generation") or 0)
+        prewarm = False
         try:
             spec = ModelPoolSpec.from_body(body)
+            prewarm = spec.prewarm
         except SpecError as e:
             config = s.PoolConfig(members=())
             problem: s.Problem | None = s.Problem("InvalidSpec", str(e))
@@ -649,6 +700,7 @@ class Controller:
                 probe_interval=self.settings.swap.probe_interval_seconds,
                 reclaim_after=spec.reclaim_after_seconds,
                 priorities={m.name: m.priority for m in spec.members},
+                idle_unload_after=spec.idle_unload_after_seconds,
             )
             problem = self._pool_problem(spec)
             if problem is not None and problem.reason == MEMBER_NOT_FOUND:
@@ -671,8 +723,9 @@ class Controller:
             actions += more
         self.pool_states[key] = state
         logger = self._logger(body)
+        self.metrics.pool_seen(namespace, name, config.members)
         # Metrics first: whoever sees the new status must find them already counted.
-        recorded = (s.RecordSwap, s.RecordFailure, s.RecordDeferral)
+        recorded = (s.RecordSwap, s.RecordFailure, s.RecordDeferral, s.RecordIdleUnload)
         for action in actions:
             if isinstance(action, recorded):
                 await self._execute(namespace, name, body, action, logger)
@@ -682,7 +735,7 @@ class Controller:
         # the incumbent's pods gone), so the status write need not come first; should
         # the reconciler die between the two, the status it restores from is one step
         # behind and the swap resumes from there (at worst draining the incumbent again).
-        first = (s.ProbeIdle, s.Scale)
+        first = (s.ProbeIdle, s.ProbeActivity, s.Scale)
         for action in actions:
             if isinstance(action, first):
                 await self._execute(namespace, name, body, action, logger)
@@ -694,9 +747,62 @@ class Controller:
         for action in actions:
             if not isinstance(action, (*recorded, *first)):
                 await self._execute(namespace, name, body, action, logger)
+        await self._prewarm(namespace, name, body, state if prewarm else None, logger)
         wake = s.next_wakeup(state)
         if wake is not None:
             self.queue.add_after(Key(POOL, namespace, name), max(0.0, wake - self.clock()))
+
+    async def _prewarm(self, namespace: str, pool: str, body: Mapping[str, Any],
+                       state: s.PoolState | None, logger: ObjectLogger) -> None:
+        """While a swap drains and unloads its incumbent, a pod on the incumbent's node
+        reads the target's weights into the page cache (spec.prewarm; `state` None when
+        it is off); the pod goes once the target is scaled up or the swap ends."""
+        key = (namespace, pool)
+        swap = s.visible_swap(state) if state is not None else None
+        want = None
+        if (swap is not None and swap.from_ is not None
+                and swap.phase in (s.Phase.DRAINING, s.Phase.UNLOADING)):
+            want = swap.to
+        have = self._prewarming.get(key)
+        if have is not None and have[0] != want:
+            del self._prewarming[key]
+            if have[1]:
+                try:
+                    await self.kube.delete(k.PODS, namespace, prewarm_pod_name(pool))
+                    self.metrics.api_writes_total.labels("delete", "Pod").inc()
+                except k.KubeError as e:  # its activeDeadlineSeconds ends it anyway
+                    logger.warning("prewarm pod not deleted: %s", e)
+        if want is None or (have is not None and have[0] == want):
+            return
+        assert state is not None and swap is not None and swap.from_ is not None
+        swap_budget = state.config.swap_budget
+        nodes = sorted({str((p.get("spec") or {}).get("nodeName"))
+                        for p in self.pods.items(namespace)
+                        if _labels(p).get(LABEL_SERVER) == swap.from_ and _pod_active(p)
+                        and (p.get("spec") or {}).get("nodeName")})
+        if not nodes:
+            return  # the incumbent is gone already: the load is about to start
+        try:
+            target = ModelServerSpec.from_body(self.servers.get(namespace, want) or {})
+        except SpecError:
+            return  # the swap itself reports a target it cannot use
+        pod = self.renderer.prewarm_pod(target, pool=pool, pool_uid=_meta(body).get("uid"),
+                                        node=nodes[0], deadline=swap_budget)
+        self._prewarming[key] = (want, pod is not None)
+        if pod is None:
+            return
+        try:
+            await self.kube.apply(pod)
+        except k.KubeError as e:
+            # best effort: the swap goes on without it (admission may refuse the pod)
+            logger.warning("prewarm pod for %s not created: %s", want, e)
+            return
+        self.metrics.api_writes_total.labels("apply", "Pod").inc()
+        logger.info("prewarming %s on %s while %s unloads", want, nodes[0], swap.from_)
+        self._background(functools.partial(
+            logger.event, "Normal", "Prewarming",
+            f"reading {want}'s weights into the page cache of {nodes[0]} while "
+            f"{swap.from_} drains and unloads"), "event-Prewarming")
 
     def _wake_members(self, namespace: str, previous: s.PoolState | None,
                       state: s.PoolState, actions: Sequence[s.Action]) -> None:
@@ -731,6 +837,8 @@ class Controller:
                 raise
         elif isinstance(action, s.ProbeIdle):
             self._start_probe(namespace, pool, action.member)
+        elif isinstance(action, s.ProbeActivity):
+            self._start_probe(namespace, pool, action.member, activity=True)
         elif isinstance(action, s.ClearRequest):
             await self._clear_request(namespace, pool, action.generation, logger)
         elif isinstance(action, s.EmitEvent):
@@ -744,6 +852,8 @@ class Controller:
             m.swap_failures_total.labels(namespace, pool, action.member, action.reason).inc()
         elif isinstance(action, s.RecordDeferral):
             m.swap_deferrals_total.labels(namespace, pool, action.reason).inc()
+        elif isinstance(action, s.RecordIdleUnload):
+            m.idle_unloads_total.labels(namespace, pool, action.member).inc()
 
     async def _clear_request(self, namespace: str, pool: str, generation: int,
                              logger: ObjectLogger) -> None:
@@ -763,13 +873,21 @@ class Controller:
         self.metrics.api_writes_total.labels("json-patch-status", POOL).inc()
         self.pools.update(result)
 
-    def _start_probe(self, namespace: str, pool: str, member: str) -> None:
+    def _start_probe(self, namespace: str, pool: str, member: str,
+                     activity: bool = False) -> None:
+        """An idle probe of a swap's incumbent or, with `activity`, of a resident under
+        idleUnloadAfter: run beside the reconcile, its answer fed to the next step."""
+        def result(reading: Reading) -> s.IdleResult | s.ActivityResult:
+            if activity:
+                return s.ActivityResult(member, reading.verdict, reading.mark, reading.detail)
+            return s.IdleResult(member, reading.verdict, reading.detail)
+
         body = self.servers.get(namespace, member)
         try:
             spec = ModelServerSpec.from_body(body or {})
         except SpecError as e:
             self._idle_results[(namespace, pool)].append(
-                s.IdleResult(member, s.Verdict.FAILED, str(e)))
+                result(Reading(s.Verdict.FAILED, str(e))))
             self._add(POOL, namespace, pool)
             return
         check = idle_check(spec.runtime, spec.idle)
@@ -783,11 +901,14 @@ class Controller:
 
         async def run() -> None:
             try:
-                verdict, detail = await self.probe.probe(check, addresses)
+                if activity:
+                    reading = await self.probe.activity(check, addresses)
+                else:
+                    reading = Reading(*await self.probe.probe(check, addresses))
             except Exception as e:  # fail closed, whatever went wrong
                 log.warning("idle probe of %s/%s raised: %s", namespace, member, e)
-                verdict, detail = s.Verdict.FAILED, type(e).__name__
-            self._idle_results[(namespace, pool)].append(s.IdleResult(member, verdict, detail))
+                reading = Reading(s.Verdict.FAILED, type(e).__name__)
+            self._idle_results[(namespace, pool)].append(result(reading))
             self._add(POOL, namespace, pool)
 
         task = asyncio.get_running_loop().create_task(run(), name=f"probe-{member}")
@@ -799,6 +920,7 @@ class Controller:
     async def reconcile_router(self, namespace: str, name: str) -> None:
         body = self.routers.get(namespace, name)
         if body is None:
+            self._first_seen.pop(Key(ROUTER, namespace, name), None)
             return
         logger = self._logger(body)
         meta = _meta(body)
@@ -816,6 +938,12 @@ class Controller:
                     pools.append(ModelPoolSpec.from_body(obj))
             objects = self.renderer.router(spec, servers=servers, pools=pools,
                                            owner_uid=meta.get("uid"))
+        except MissingServer as e:
+            if self._settling(ROUTER, body):
+                await self._router_waiting(body, str(e))
+            else:
+                await self._server_stalled(body, logger, "CannotRender", str(e))
+            return
         except (SpecError, RenderError) as e:
             reason = "InvalidSpec" if isinstance(e, SpecError) else "CannotRender"
             await self._server_stalled(body, logger, reason, str(e))

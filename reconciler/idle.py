@@ -21,6 +21,7 @@ from reconciler.spec import IdleSpec
 from reconciler.swap import Verdict
 
 VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_SERVED = "vllm:request_success_total"
 
 
 class IdleParseError(ValueError):
@@ -40,6 +41,9 @@ class IdleCheck:
     path: str = ""
     metric: str = ""
     threshold: float = 0.0
+    # A counter the runtime raises with every request it finishes, read by
+    # idleUnloadAfter beside the idle verdict ("" where none is known).
+    served_metric: str = ""
 
 
 def idle_check(runtime: str, idle: IdleSpec | None) -> IdleCheck:
@@ -51,8 +55,29 @@ def idle_check(runtime: str, idle: IdleSpec | None) -> IdleCheck:
     if runtime == "llamacpp":
         return IdleCheck(Method.SLOTS, "/slots")
     if runtime == "vllm":
-        return IdleCheck(Method.METRIC, "/metrics", VLLM_RUNNING, 0.0)
+        return IdleCheck(Method.METRIC, "/metrics", VLLM_RUNNING, 0.0, VLLM_SERVED)
     return IdleCheck(Method.UNSUPPORTED)
+
+
+def slots_mark(body: Any) -> str:
+    """What changes in llama.cpp's `/slots` whenever it serves a generation: each slot
+    shows the id of its last task (one counter for the server), none before its first;
+    reading `/slots`, `/health` or `/v1/models` is no task (docs/llama-cpp.md)."""
+    if not isinstance(body, list):
+        raise IdleParseError("/slots did not answer a list")
+    tasks = [(slot.get("id"), slot.get("id_task")) for slot in body if isinstance(slot, dict)]
+    return ",".join(f"{slot}:{task}" for slot, task in tasks)
+
+
+def served_mark(text: str, check: IdleCheck) -> str:
+    """The served counter of a metrics page as a mark ("" when the check reads none, or
+    the page lacks it: then only busy readings count as activity)."""
+    if not check.served_metric:
+        return ""
+    try:
+        return f"{metric_value(text, check.served_metric):g}"
+    except IdleParseError:
+        return ""
 
 
 def slots_busy(body: Any) -> bool:

@@ -385,6 +385,9 @@ def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
 OnChange = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 
 
+MAX_TOMBSTONES = 4096
+
+
 class Informer:
     """A cache of one resource kept current by list-then-watch; calls `on_change(type,
     obj)` for every change (and DELETED for objects that vanished across a re-list)."""
@@ -404,6 +407,11 @@ class Informer:
         self.on_change = on_change
         self.cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.synced = asyncio.Event()
+        # Where the cache last learnt a key was absent: the resourceVersion of its DELETED
+        # event, else that of the last list (`_floor`). A write of ours that was answered
+        # before the delete but returns after it must not bring the object back.
+        self._gone: dict[tuple[str, str], int] = {}
+        self._floor = 0
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.cache.get((namespace, name))
@@ -412,13 +420,25 @@ class Informer:
         return [o for (ns, _), o in self.cache.items() if namespace is None or ns == namespace]
 
     def update(self, obj: dict[str, Any]) -> None:
-        """Put an object we just wrote into the cache, unless the cache has a newer one."""
+        """Put an object we just wrote into the cache, unless the cache has a newer one or
+        has seen it deleted since."""
         key = key_of(obj)
         old = self.cache.get(key)
-        if old is None or _rv(obj) >= _rv(old):
+        # absent: newer than its deletion (or the last list) is new; else newer than the cached
+        floor = self._gone.get(key, self._floor) + 1 if old is None else _rv(old)
+        if _rv(obj) >= floor:
+            self._gone.pop(key, None)
             obj.setdefault("apiVersion", self.resource.api_version)
             obj.setdefault("kind", self.resource.kind)
             self.cache[key] = obj
+
+    def _forget(self, key: tuple[str, str], deleted_at: int) -> None:
+        self._gone[key] = deleted_at
+        if len(self._gone) > MAX_TOMBSTONES:
+            # the oldest deletion is forgotten by raising the floor past it: a write of a
+            # new object below the floor then waits for its own watch event to be cached
+            oldest = next(iter(self._gone))
+            self._floor = max(self._floor, self._gone.pop(oldest))
 
     async def _emit(self, type_: str, obj: dict[str, Any]) -> None:
         result = self.on_change(type_, obj)
@@ -435,6 +455,8 @@ class Informer:
                 fresh = {key_of(o): o for o in items}
                 gone = [o for k, o in self.cache.items() if k not in fresh]
                 self.cache = fresh
+                self._gone.clear()
+                self._floor = _rv({"metadata": {"resourceVersion": version}})
                 for obj in gone:
                     await self._emit("DELETED", obj)
                 for obj in items:
@@ -453,8 +475,11 @@ class Informer:
                         key = key_of(obj)
                         if type_ == "DELETED":
                             self.cache.pop(key, None)
+                            self._forget(key, _rv(obj))
                         else:
-                            self.cache[key] = obj
+                            # the event of an earlier write may arrive after `update` put
+                            # our newer answer in the cache: never go back to an older one
+                            self.update(obj)
                         await self._emit(type_, obj)
                     # the server ended the watch (timeoutSeconds): resume where it stopped
             except Gone:

@@ -8,9 +8,12 @@ collector can end up on a registry nothing exposes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from reconciler import swap
 
 PREFIX = "modelpool_"
 
@@ -18,10 +21,15 @@ PREFIX = "modelpool_"
 _SWAP_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 _RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PHASES = ("drain", "unload", "schedule", "load")
+# The reasons a swap of a pool's member fails or is deferred (reconciler.swap), whose
+# series each pool starts at 0.
+FAILURE_REASONS = (swap.SWAP_BUDGET_EXCEEDED, swap.IDLE_PROBE_UNSUPPORTED)
+DEFERRAL_REASONS = (swap.PODS_BUSY, swap.MIN_RESIDENCY, swap.IDLE_CHECK_FAILED)
 
 
 class ReconcilerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._initialized: dict[tuple[str, str], tuple[str, ...]] = {}
         self.resident = Gauge(
             PREFIX + "resident",
             "1 for the member that holds its pool's slot, 0 for the other members.",
@@ -52,6 +60,12 @@ class ReconcilerMetrics:
             PREFIX + "swap_failures_total",
             "Swaps that did not complete, by target member and reason.",
             ["namespace", "pool", "member", "reason"],
+            registry=registry,
+        )
+        self.idle_unloads_total = Counter(
+            PREFIX + "idle_unloads_total",
+            "Residents unloaded because they served nothing for spec.idleUnloadAfter.",
+            ["namespace", "pool", "member"],
             registry=registry,
         )
         self.swap_deferrals_total = Counter(
@@ -90,6 +104,28 @@ class ReconcilerMetrics:
             registry=registry,
         )
 
+    def pool_seen(self, namespace: str, pool: str, members: Sequence[str]) -> None:
+        """Create a pool's series at 0 as soon as its members are known, so the first swap,
+        failure or idle unload shows as an increase (`rate`, `increase`) rather than as a
+        series that appears at 1; dropped again by `forget_pool`."""
+        key = (namespace, pool)
+        if self._initialized.get(key) == tuple(members):
+            return
+        self.forget_pool(namespace, pool, self._initialized.get(key, ()))
+        self._initialized[key] = tuple(members)
+        for to in members:
+            for from_ in ("", *members):
+                if from_ != to:
+                    self.swaps_total.labels(namespace, pool, from_, to)
+            for reason in FAILURE_REASONS:
+                self.swap_failures_total.labels(namespace, pool, to, reason)
+            self.idle_unloads_total.labels(namespace, pool, to)
+        for reason in DEFERRAL_REASONS:
+            self.swap_deferrals_total.labels(namespace, pool, reason)
+        self.swap_duration_seconds.labels(namespace, pool)
+        for phase in PHASES:
+            self.swap_phase_duration_seconds.labels(namespace, pool, phase)
+
     def set_resident(self, namespace: str, pool: str, members: Iterable[str],
                      resident: str | None) -> None:
         for member in members:
@@ -103,7 +139,22 @@ class ReconcilerMetrics:
             self.swap_phase_duration_seconds.labels(namespace, pool, phase).observe(seconds)
 
     def forget_pool(self, namespace: str, pool: str, members: Iterable[str]) -> None:
-        """A deleted pool's members are resident nowhere: drop their series."""
+        """A deleted pool's members are resident nowhere: drop their series (and those of
+        members it had when `pool_seen` last saw it)."""
+        members = {*members, *self._initialized.pop((namespace, pool), ())}
+        removals: list[tuple[Any, tuple[str, ...]]] = []
         for member in members:
+            removals.append((self.resident, (namespace, pool, member)))
+            removals.append((self.idle_unloads_total, (namespace, pool, member)))
+            for from_ in ("", *members):
+                removals.append((self.swaps_total, (namespace, pool, from_, member)))
+            for reason in FAILURE_REASONS:
+                removals.append((self.swap_failures_total, (namespace, pool, member, reason)))
+        for reason in DEFERRAL_REASONS:
+            removals.append((self.swap_deferrals_total, (namespace, pool, reason)))
+        removals.append((self.swap_duration_seconds, (namespace, pool)))
+        for phase in PHASES:
+            removals.append((self.swap_phase_duration_seconds, (namespace, pool, phase)))
+        for family, labels in removals:
             with contextlib.suppress(KeyError):  # never set
-                self.resident.remove(namespace, pool, member)
+                family.remove(*labels)

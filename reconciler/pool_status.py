@@ -23,6 +23,7 @@ OWNED_KEYS = (
     "residentSince",
     "swap",
     "lastSwap",
+    "idleUnloaded",
     "members",
     "conditions",
     "observedGeneration",
@@ -50,6 +51,7 @@ def restore(config: s.PoolConfig, generation: int, status: Mapping[str, Any] | N
     answered = last.generation or 0 if last is not None else 0
     if request is not None and request.member is not None and request.member == resident:
         answered = max(answered, request.generation)
+    idle_unloaded = None if resident else _idle_unloaded(status.get("idleUnloaded"))
     return s.PoolState(
         config=config,
         generation=generation,
@@ -59,6 +61,18 @@ def restore(config: s.PoolConfig, generation: int, status: Mapping[str, Any] | N
         swap=swap,
         last_swap=last,
         answered=answered,
+        idle_unloaded=idle_unloaded,
+    )
+
+
+def _idle_unloaded(raw: Any) -> s.IdleUnload | None:
+    if not isinstance(raw, Mapping) or not raw.get("member"):
+        return None
+    idle = raw.get("idleSeconds")
+    return s.IdleUnload(
+        member=str(raw["member"]),
+        at=parse(raw.get("time")) or 0.0,
+        idle_for=float(idle) if isinstance(idle, int | float) else 0.0,
     )
 
 
@@ -120,6 +134,12 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
         ready = (True, "Resident", f"{state.resident} is resident")
     elif phase == "Swapping" and swap is not None:
         ready = (False, "Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
+    elif phase == "Cold" and state.idle_unloaded is not None:
+        # Cold as asked (spec.idleUnloadAfter): the pool is as it should be, and serves
+        # by loading a member for the next request.
+        gone = state.idle_unloaded
+        ready = (True, s.IDLE_UNLOADED, f"{gone.member} served nothing for "
+                 f"{gone.idle_for:.0f}s and was unloaded; the next request loads a member")
     elif phase == "Cold":
         ready = (False, "Cold", "no member is resident")
     else:
@@ -175,6 +195,11 @@ def pool_status(
             "reason": last.reason,
             "message": last.message,
         }),
+        "idleUnloaded": None if state.idle_unloaded is None else {
+            "member": state.idle_unloaded.member,
+            "time": rfc3339(state.idle_unloaded.at),
+            "idleSeconds": round(state.idle_unloaded.idle_for, 1),
+        },
         "members": [
             {"name": m, "phase": member_phase(state, m), "resident": m == state.resident}
             for m in state.config.members

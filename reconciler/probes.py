@@ -12,11 +12,21 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 
-from reconciler.idle import IdleCheck, IdleParseError, Method, combine, metric_value, slots_busy
+from reconciler.idle import (
+    IdleCheck,
+    IdleParseError,
+    Method,
+    combine,
+    metric_value,
+    served_mark,
+    slots_busy,
+    slots_mark,
+)
 from reconciler.swap import Verdict
 
 log = logging.getLogger(__name__)
@@ -24,9 +34,25 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 
+UNSUPPORTED_DETAIL = "the generic runtime needs spec.idle (a path or a metric)"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A probe's answer: the verdict, a detail for people, and the activity mark."""
+
+    verdict: Verdict
+    detail: str = ""
+    mark: str = ""
+
+
 class IdleProbe(Protocol):
     async def probe(self, check: IdleCheck, addresses: Sequence[Address]) -> tuple[Verdict, str]:
         """One verdict for a member from all its pods, and a detail for people."""
+        ...
+
+    async def activity(self, check: IdleCheck, addresses: Sequence[Address]) -> Reading:
+        """The verdict, its detail, and a mark that changes whenever the member served."""
         ...
 
 
@@ -36,14 +62,23 @@ class HttpIdleProbe:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def probe(self, check: IdleCheck, addresses: Sequence[Address]) -> tuple[Verdict, str]:
-        if check.method is Method.UNSUPPORTED:
-            return Verdict.UNSUPPORTED, "the generic runtime needs spec.idle (a path or a metric)"
-        results = await asyncio.gather(*(self._one(check, a) for a in addresses))
-        verdict = combine([v for v, _ in results])
-        details = "; ".join(d for v, d in results if v is verdict and d)
-        return verdict, details
+        reading = await self.activity(check, addresses)
+        return reading.verdict, reading.detail
 
-    async def _one(self, check: IdleCheck, address: Address) -> tuple[Verdict, str]:
+    async def activity(self, check: IdleCheck, addresses: Sequence[Address]) -> Reading:
+        """The idle verdict as `probe` gives it, with a mark of all pods that changes
+        whenever one of them served a request (idleUnloadAfter)."""
+        if check.method is Method.UNSUPPORTED:
+            return Reading(Verdict.UNSUPPORTED, UNSUPPORTED_DETAIL)
+        ordered = sorted(addresses)
+        results = await asyncio.gather(*(self._one(check, a) for a in ordered))
+        verdict = combine([r.verdict for r in results])
+        details = "; ".join(r.detail for r in results if r.verdict is verdict and r.detail)
+        marks = [f"{host}:{port}={r.mark}" for (host, port), r in zip(ordered, results,
+                                                                      strict=True) if r.mark]
+        return Reading(verdict, details, " ".join(marks))
+
+    async def _one(self, check: IdleCheck, address: Address) -> Reading:
         host, port = address
         url = f"http://{host}:{port}{check.path}"
         try:
@@ -52,21 +87,25 @@ class HttpIdleProbe:
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             log.info("idle probe %s failed: %s", url, e)
-            return Verdict.FAILED, f"{url}: {type(e).__name__}"
+            return Reading(Verdict.FAILED, f"{url}: {type(e).__name__}")
         if check.method is Method.PATH:
             if 200 <= status < 300:
-                return Verdict.IDLE, ""
-            return Verdict.BUSY, f"{url} answered {status}"
+                return Reading(Verdict.IDLE)
+            return Reading(Verdict.BUSY, f"{url} answered {status}")
         if status != 200:
-            return Verdict.FAILED, f"{url} answered {status}"
+            return Reading(Verdict.FAILED, f"{url} answered {status}")
         try:
             if check.method is Method.SLOTS:
-                busy = slots_busy(json.loads(body))
-                return (Verdict.BUSY, f"{url}: a slot is processing") if busy else (
-                    Verdict.IDLE, "")
-            value = metric_value(body.decode("utf-8", "replace"), check.metric)
+                slots = json.loads(body)
+                mark = slots_mark(slots)
+                if slots_busy(slots):
+                    return Reading(Verdict.BUSY, f"{url}: a slot is processing", mark)
+                return Reading(Verdict.IDLE, "", mark)
+            text = body.decode("utf-8", "replace")
+            value = metric_value(text, check.metric)
         except (IdleParseError, ValueError) as e:
-            return Verdict.FAILED, f"{url}: {str(e)[:200]}"
+            return Reading(Verdict.FAILED, f"{url}: {str(e)[:200]}")
+        mark = served_mark(text, check)
         if value <= check.threshold:
-            return Verdict.IDLE, ""
-        return Verdict.BUSY, f"{url}: {check.metric} is {value:g}"
+            return Reading(Verdict.IDLE, "", mark)
+        return Reading(Verdict.BUSY, f"{url}: {check.metric} is {value:g}", mark)

@@ -10,6 +10,7 @@ YAML, so names, args and env values can never break the document.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ _SERVER_TEMPLATES = (
     "model-server/service.yaml.j2",
     "model-server/networkpolicy.yaml.j2",
 )
+_PREWARM_TEMPLATE = "model-server/prewarm-pod.yaml.j2"
+LABEL_PREWARM = "modelpool.dev/prewarm-for"
 _ROUTER_RBAC_TEMPLATES = (
     "router/serviceaccount.yaml.j2",
     "router/role.yaml.j2",
@@ -151,6 +154,10 @@ def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
     return resources
 
 
+def prewarm_pod_name(pool: str) -> str:
+    return f"{pool}-prewarm"[:63].rstrip("-")
+
+
 class Renderer:
     """Renders ModelServers and ModelRouters; build one at start and share it."""
 
@@ -171,7 +178,8 @@ class Renderer:
             auto_reload=False,
         )
         self._env.filters["json"] = json.dumps
-        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, *_ROUTER_RBAC_TEMPLATES, *_ROUTER_TEMPLATES)
+        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, _PREWARM_TEMPLATE, *_ROUTER_RBAC_TEMPLATES,
+                 *_ROUTER_TEMPLATES)
         self._templates = {name: self._env.get_template(name) for name in names}
 
     def _render(self, names: Sequence[str], context: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -231,6 +239,35 @@ class Renderer:
             "reconciler_name": RECONCILER_NAME,
         }
         return self._render(_SERVER_TEMPLATES, context)
+
+    def prewarm_pod(self, ms: ModelServerSpec, *, pool: str, pool_uid: str | None, node: str,
+                    deadline: float) -> dict[str, Any] | None:
+        """The pod that reads `ms`'s weights into `node`'s page cache during a swap of
+        `pool` to it (None when `ms` keeps its weights on no volume: nothing to read)."""
+        if ms.storage is None:
+            return None
+        mount = ms.storage.mount_path.rstrip("/") or "/"
+        model = ms.model or ""
+        inside = model == mount or model.startswith(mount + "/")
+        labels = {
+            "app.kubernetes.io/name": "model-server",
+            "app.kubernetes.io/instance": ms.name,
+            "app.kubernetes.io/component": "prewarm",
+            "app.kubernetes.io/part-of": PART_OF,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            LABEL_PREWARM: pool,
+        }
+        context = {
+            "ms": ms,
+            "name": prewarm_pod_name(pool),
+            "labels": labels,
+            "owner": _owner("ModelPool", pool, pool_uid),
+            "node": node,
+            "path": model if inside else mount,
+            "deadline": max(1, math.ceil(deadline)),
+        }
+        (pod,) = self._render((_PREWARM_TEMPLATE,), context)
+        return pod
 
     def router(
         self,

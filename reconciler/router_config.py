@@ -25,6 +25,11 @@ class RenderError(ValueError):
     the message names the object."""
 
 
+class MissingServer(RenderError):
+    """A backend refers to a ModelServer that does not exist (yet: objects applied together
+    reach the reconciler in any order)."""
+
+
 def _seconds(value: float | None) -> float | int | None:
     if value is None:
         return None
@@ -74,6 +79,12 @@ def router_config(
     backends: list[dict[str, Any]] = []
     for backend in router.backends:
         ref = backend.model_server_ref
+        # written only when set: the router's defaults are Wait and no fallback
+        extra: dict[str, Any] = {}
+        if backend.activation != "Wait":
+            extra["activation"] = backend.activation
+        if backend.fallback is not None:
+            extra["fallback"] = {"backend": backend.fallback, "model": backend.fallback_model}
         if ref is None:
             backends.append(
                 {
@@ -85,12 +96,13 @@ def router_config(
                     "pool": None,
                     "url": backend.url,
                     "readinessPath": None,
+                    **extra,
                 }
             )
             continue
         server = servers.get(ref)
         if server is None:
-            raise RenderError(
+            raise MissingServer(
                 f"ModelRouter {router.name} backend {backend.name} refers to ModelServer "
                 f"{ref}, which does not exist in namespace {router.namespace}"
             )
@@ -105,9 +117,14 @@ def router_config(
                 "pool": pool.name if pool else None,
                 "url": None,
                 "readinessPath": readiness_path(server),
+                **extra,
             }
         )
+    settings: dict[str, Any] = {}
+    if router.proxy.held_stream_progress == "Content":  # the router's default is comments
+        settings["heldStreamProgress"] = "content"
     return {
+        **settings,
         "version": CONFIG_VERSION,
         "router": {"namespace": router.namespace, "name": router.name},
         "routeStrategy": router.route_strategy,

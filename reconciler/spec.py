@@ -19,6 +19,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 RUNTIMES = ("llamacpp", "vllm", "generic")
 SWAP_POLICIES = ("sticky", "fair", "reclaim")
+HELD_STREAM_PROGRESS = ("Comment", "Content")
+ACTIVATIONS = ("Wait", "IfIdle", "Never")
 ROUTE_STRATEGIES = ("BackendNameMatch", "Static")
 
 DEFAULT_PORT = 8080
@@ -347,6 +349,8 @@ class ModelPoolSpec:
     min_residency_seconds: float = 0.0
     max_wait_seconds: float | None = None
     reclaim_after_seconds: float | None = None
+    idle_unload_after_seconds: float | None = None
+    prewarm: bool = True
 
     @property
     def member_names(self) -> tuple[str, ...]:
@@ -390,6 +394,8 @@ class ModelPoolSpec:
             min_residency_seconds=_duration(spec, "minResidency", where, None) or 0.0,
             max_wait_seconds=max_wait,
             reclaim_after_seconds=reclaim_after,
+            idle_unload_after_seconds=_duration(spec, "idleUnloadAfter", where, None),
+            prewarm=_typed(spec.get("prewarm", True), bool, "spec.prewarm", "a boolean"),
         )
 
 
@@ -399,6 +405,26 @@ class RouterBackend:
     model_server_ref: str | None = None
     url: str | None = None
     aliases: tuple[str, ...] = ()
+    activation: str = "Wait"  # Wait | IfIdle | Never (sidecar.fallback)
+    fallback: str | None = None  # the backend that answers instead
+    fallback_model: str | None = None  # the model it is sent (None: the client's)
+
+
+def _check_fallbacks(backends: Sequence[RouterBackend]) -> None:
+    """Every fallback names a backend, and no chain of fallbacks comes back on itself."""
+    by_name = {b.name: b for b in backends}
+    for i, b in enumerate(backends):
+        if b.fallback is not None and b.fallback not in by_name:
+            raise SpecError(f"spec.backends[{i}].fallback.name {b.fallback!r} must name a backend")
+    for b in backends:
+        chain = [b.name]
+        current = b
+        while current.fallback is not None:
+            current = by_name[current.fallback]
+            if current.name in chain:
+                raise SpecError("spec.backends fall back in a loop: "
+                                + " -> ".join([*chain, current.name]))
+            chain.append(current.name)
 
 
 @dataclass(frozen=True)
@@ -412,6 +438,7 @@ class ProxySpec:
     response_header_timeout_seconds: float = 600.0
     max_held_requests: int = DEFAULT_MAX_HELD_REQUESTS
     api_key_secret: ApiKeySecret | None = None
+    held_stream_progress: str = "Comment"
 
 
 @dataclass(frozen=True)
@@ -447,12 +474,16 @@ class ModelRouterSpec:
         for i, item in enumerate(_obj_list(spec, "backends", where)):
             at = f"spec.backends[{i}]"
             server_ref = _obj(item, "modelServerRef", at)
+            fallback = _obj(item, "fallback", at)
             backend = RouterBackend(
                 name=_req_str(item, "name", at),
                 model_server_ref=_req_str(server_ref, "name", f"{at}.modelServerRef")
                 if server_ref else None,
                 url=_str(item, "url", at),
                 aliases=_str_list(item, "aliases", at),
+                activation=_enum(item, "activation", at, ACTIVATIONS),
+                fallback=_req_str(fallback, "name", f"{at}.fallback") if fallback else None,
+                fallback_model=_str(fallback, "model", f"{at}.fallback") if fallback else None,
             )
             if (backend.model_server_ref is None) == (backend.url is None):
                 raise SpecError(f"{at} needs exactly one of modelServerRef and url")
@@ -461,6 +492,7 @@ class ModelRouterSpec:
             raise SpecError("spec.backends must list at least one backend")
         names = [b.name for b in backends]
         _require_unique(names, "spec.backends")
+        _check_fallbacks(backends)
         default_route = _str(spec, "defaultRoute", where)
         if default_route is not None and default_route not in names:
             raise SpecError(f"spec.defaultRoute {default_route!r} must name a backend")
@@ -483,6 +515,7 @@ class ModelRouterSpec:
             if keys
             else None
         )
+        progress = _enum(proxy, "heldStreamProgress", at, HELD_STREAM_PROGRESS)
         max_held = _int(proxy, "maxHeldRequests", at, DEFAULT_MAX_HELD_REQUESTS)
         if max_held < 1:
             raise SpecError(f"spec.proxy.maxHeldRequests must be at least 1, not {max_held}")
@@ -504,5 +537,6 @@ class ModelRouterSpec:
                 response_header_timeout_seconds=timeout,
                 max_held_requests=max_held,
                 api_key_secret=api_key_secret,
+                held_stream_progress=progress,
             ),
         )

@@ -19,8 +19,14 @@ The rules (DESIGN.md "The swap", docs/contracts.md section 2):
   retargets the swap, or withdraws it when it names the incumbent or nobody.
 - swapPolicy reclaim: an idle member other than the default, resident for
   `reclaimAfter`, hands the slot back to the default; a busy one is left alone.
+- idleUnloadAfter: the resident is probed for activity (a mark its runtime changes with
+  every request served, and busy or idle) every quarter of it, at most every 15 s; one
+  that served nothing for that long is scaled to 0 and the pool goes Cold, the default
+  not loaded again until a request comes. A probe that fails counts as activity (fail
+  closed: the member stays).
 - Unloading: every other member is scaled to 0 and the swap waits until their pods are
-  gone (terminating pods still hold the GPU). A withdrawal is no longer honoured.
+  gone (terminating pods still hold the GPU), and the target's own terminating pods too
+  (a member unloaded for idleness and asked for again). A withdrawal is no longer honoured.
 - Loading: the target is scaled to 1 only then, and the swap waits for it to be Ready.
 - The whole swap is bounded by `swapBudget` from its start: past it the swap is
   abandoned, the target scaled back to 0, the request cleared by compare-and-swap.
@@ -66,6 +72,10 @@ IDLE_PROBE_UNSUPPORTED = "IdleProbeUnsupported"
 SWAP_BUDGET_EXCEEDED = "SwapBudgetExceeded"
 NOT_A_MEMBER = "NotAMember"
 UNSCHEDULABLE = "Unschedulable"
+IDLE_UNLOADED = "IdleUnloaded"
+IDLE_UNLOAD_UNSUPPORTED = "IdleUnloadUnsupported"
+# The longest wait between two activity probes of the resident (idleUnloadAfter).
+MAX_ACTIVITY_INTERVAL = 15.0
 
 # Metric phase names (DESIGN.md "Metrics").
 METRIC_PHASES = ("drain", "unload", "schedule", "load")
@@ -88,6 +98,14 @@ class PoolConfig:
     # spec.members[].priority: a higher member preempts a lower one as soon as its
     # in-flight requests finish, without waiting out minResidency.
     priorities: Mapping[str, int] = field(default_factory=dict)
+    # spec.idleUnloadAfter: a resident that served nothing this long is unloaded.
+    idle_unload_after: float | None = None
+
+    @property
+    def activity_interval(self) -> float:
+        """How often the resident is probed for activity under idleUnloadAfter."""
+        after = self.idle_unload_after or 0.0
+        return min(MAX_ACTIVITY_INTERVAL, max(self.probe_interval, after / 4))
 
     def outranks(self, member: str, other: str | None) -> bool:
         if other is None:
@@ -166,9 +184,32 @@ class MemberPods:
     scheduled: Mapping[str, int] = field(default_factory=dict)
     ready: Mapping[str, int] = field(default_factory=dict)
     unschedulable: Mapping[str, str] = field(default_factory=dict)
+    terminating: Mapping[str, int] = field(default_factory=dict)
 
     def count(self, member: str) -> int:
         return self.pods.get(member, 0)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What idleUnloadAfter knows of the resident: its last activity mark (None before the
+    first reading), when it was last seen serving (or became resident), and its probes."""
+
+    member: str
+    mark: str | None
+    active_at: float
+    next_probe: float
+    probe_in_flight: bool = False
+    unsupported: bool = False  # told once: the member can never be probed
+
+
+@dataclass(frozen=True)
+class IdleUnload:
+    """The pool is Cold because `member` served nothing for `idle_for` seconds."""
+
+    member: str
+    at: float
+    idle_for: float
 
 
 @dataclass(frozen=True)
@@ -186,6 +227,8 @@ class PoolState:
     # swapPolicy reclaim: the earliest time the resident is checked for idleness again.
     reclaim_at: float | None = None
     observed: MemberPods | None = None  # None until the members' pods were seen once
+    activity: Activity | None = None
+    idle_unloaded: IdleUnload | None = None
 
 
 # Events
@@ -216,11 +259,22 @@ class IdleResult:
 
 
 @dataclass(frozen=True)
+class ActivityResult:
+    """An activity probe of the resident (idleUnloadAfter): busy or idle, and its mark
+    ("" where the runtime keeps no count of requests served)."""
+
+    member: str
+    verdict: Verdict
+    mark: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
-Event = SpecObserved | RequestObserved | MembersObserved | IdleResult | Tick
+Event = SpecObserved | RequestObserved | MembersObserved | IdleResult | ActivityResult | Tick
 
 
 # Actions
@@ -228,6 +282,11 @@ Event = SpecObserved | RequestObserved | MembersObserved | IdleResult | Tick
 
 @dataclass(frozen=True)
 class ProbeIdle:
+    member: str
+
+
+@dataclass(frozen=True)
+class ProbeActivity:
     member: str
 
 
@@ -270,7 +329,13 @@ class RecordDeferral:
     reason: str
 
 
-Action = ProbeIdle | Scale | ClearRequest | EmitEvent | RecordSwap | RecordFailure | RecordDeferral
+@dataclass(frozen=True)
+class RecordIdleUnload:
+    member: str
+
+
+Action = (ProbeIdle | ProbeActivity | Scale | ClearRequest | EmitEvent | RecordSwap
+          | RecordFailure | RecordDeferral | RecordIdleUnload)
 
 
 def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
@@ -291,8 +356,8 @@ def next_wakeup(state: PoolState) -> float | None:
     """When the shell must step the pool again with a Tick, absent other events."""
     swap = state.swap
     if swap is None:
-        reclaim = _reclaim_due_at(state)
-        return reclaim
+        times = [t for t in (_reclaim_due_at(state), _activity_due_at(state)) if t is not None]
+        return min(times) if times else None
     times = [swap.started + state.config.swap_budget]
     if swap.phase is Phase.DRAINING and not swap.probe_in_flight:
         residency_end = _residency_end(state)
@@ -369,6 +434,8 @@ def _apply(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[
         return replace(state, observed=event.pods), []
     if isinstance(event, IdleResult):
         return _idle_result(state, event, now)
+    if isinstance(event, ActivityResult):
+        return _activity_result(state, event, now)
     return state, []
 
 
@@ -423,7 +490,10 @@ def _decide(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
         return _load(state, swap, now)
     if state.problem is not None:
         return state, []
-    return _maybe_start(state, now)
+    new, actions = _maybe_start(state, now)
+    if new != state or actions:
+        return new, actions
+    return _watch_activity(state, now)
 
 
 def _maybe_start(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
@@ -435,7 +505,8 @@ def _maybe_start(state: PoolState, now: float) -> tuple[PoolState, list[Action]]
             return _start(state, request.member, request.generation, now)
         return state, []
     default = state.config.default
-    if state.resident is None and default is not None and default in state.config.members:
+    if (state.resident is None and default is not None and default in state.config.members
+            and state.idle_unloaded is None):
         return _start(state, default, None, now)
     due = _reclaim_due_at(state)
     if due is not None and now >= due and default is not None:
@@ -482,7 +553,7 @@ def _start(
         phase_started=now,
         reclaim=reclaim,
     )
-    new = replace(state, swap=swap)
+    new = replace(state, swap=swap, activity=None, idle_unloaded=None)
     if reclaim:
         return new, []  # announced only if the incumbent turns out idle
     why = f"request {generation}" if generation is not None else "the pool's default"
@@ -612,7 +683,7 @@ def _begin_unloading(state: PoolState, now: float) -> tuple[PoolState, list[Acti
 def _unload(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:
     observed = state.observed or MemberPods()
     others = [m for m in state.config.members if m != swap.to and observed.count(m) > 0]
-    if others:
+    if others or observed.terminating.get(swap.to, 0) > 0:
         return state, []
     swap = replace(
         swap,
@@ -731,3 +802,70 @@ def _end(
     if swap.phase is not Phase.DRAINING:
         new = replace(new, resident=None, resident_since=None)
     return new, actions
+
+
+# idleUnloadAfter
+
+
+def _activity_due_at(state: PoolState) -> float | None:
+    activity = state.activity
+    if activity is None or activity.probe_in_flight or activity.unsupported:
+        return None
+    return activity.next_probe
+
+
+def _watch_activity(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    """With no swap to make: probe the resident for activity when it is time."""
+    resident = state.resident
+    ready = state.observed is not None and state.observed.ready.get(resident or "", 0) > 0
+    if state.config.idle_unload_after is None or resident is None or not ready:
+        if state.activity is not None and (resident is None
+                                           or state.config.idle_unload_after is None):
+            return replace(state, activity=None), []
+        return state, []
+    activity = state.activity
+    if activity is None or activity.member != resident:
+        # the window starts now: a reconciler that starts again waits it out in full
+        activity = Activity(resident, None, active_at=now, next_probe=now)
+    if activity.probe_in_flight or activity.unsupported or now < activity.next_probe:
+        return replace(state, activity=activity), []
+    activity = replace(activity, probe_in_flight=True)
+    return replace(state, activity=activity), [ProbeActivity(resident)]
+
+
+def _activity_result(
+    state: PoolState, event: ActivityResult, now: float
+) -> tuple[PoolState, list[Action]]:
+    activity = state.activity
+    if (activity is None or not activity.probe_in_flight or activity.member != event.member
+            or state.resident != event.member or state.swap is not None):
+        return state, []  # an answer to a question no longer asked
+    after = state.config.idle_unload_after
+    activity = replace(activity, probe_in_flight=False,
+                       next_probe=now + state.config.activity_interval)
+    if event.verdict is Verdict.UNSUPPORTED:
+        message = (f"{event.member} can never be probed for activity, so idleUnloadAfter "
+                   f"leaves it resident")
+        if event.detail:
+            message += f": {event.detail}"
+        activity = replace(activity, unsupported=True)
+        return replace(state, activity=activity), [
+            EmitEvent("Warning", IDLE_UNLOAD_UNSUPPORTED, message)]
+    if event.verdict is Verdict.FAILED:
+        # fail closed: what could not be seen counts as activity, a full window again
+        return replace(state, activity=replace(activity, active_at=now)), []
+    if event.verdict is Verdict.BUSY:
+        activity = replace(activity, mark=event.mark, active_at=now)
+        return replace(state, activity=activity), []
+    first = activity.mark is None
+    served = not first and event.mark != activity.mark
+    activity = replace(activity, mark=event.mark, active_at=now if served else activity.active_at)
+    idle_for = now - activity.active_at
+    if first or served or after is None or idle_for < after:
+        return replace(state, activity=activity), []
+    message = (f"{event.member} served nothing for {idle_for:.0f}s (idleUnloadAfter "
+               f"{after:g}s): unloaded, the pool is Cold until a request comes")
+    new = replace(state, resident=None, resident_since=None, activity=None,
+                  idle_unloaded=IdleUnload(event.member, now, idle_for))
+    return new, [Scale(event.member, 0), EmitEvent("Normal", IDLE_UNLOADED, message),
+                 RecordIdleUnload(event.member)]

@@ -74,6 +74,7 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
     keys = load_keys(settings.api_keys_file)
     registry = CollectorRegistry()
     metrics = RouterMetrics(registry, config.name)
+    metrics.known(config)
     activation = await make_activation(config, metrics, settings)
     live = Live(config, keys)
     stopping = asyncio.Event()
@@ -83,6 +84,7 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         # (and the watcher's failure takes the process down rather than half-apply it).
         activation.update_config(new)
         live.apply_config(new)
+        metrics.known(new)
 
     def apply_keys(new: ApiKeys) -> None:
         live.keys = new

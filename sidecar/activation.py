@@ -429,6 +429,41 @@ class Activation:
                 states[b.name] = "unavailable"
         return states
 
+    def serves_now(self, backend: BackendConfig) -> bool:
+        """Whether a request for `backend` would be dispatched without a hold."""
+        if backend.pool is None or backend.model_server is None:
+            return True
+        state = self._pools.get(backend.pool)
+        return (state is not None
+                and activator.member_state(state, backend.model_server) == "resident"
+                and self._pick(backend) is not None)
+
+    def swap_can_start(self, backend: BackendConfig) -> bool:
+        """Whether a swap to `backend`'s member could start at once (activation IfIdle): no
+        swap runs or waits in this pool, and its resident member has no request in flight
+        through this router. The reconciler's idle probe still decides the drain; this is
+        what one router can know."""
+        if backend.pool is None:
+            return True
+        state = self._pools.get(backend.pool)
+        status = self._seen.get(backend.pool)
+        if state is None or status is None or status.swap is not None:
+            return False
+        if activator.held_total(state):
+            return False
+        if status.resident_member is None:
+            return True
+        incumbent = self._config.backend_for_member(status.resident_member)
+        return incumbent is None or self._inflight[incumbent.name] == 0
+
+    def hold_progress(self, backend: BackendConfig) -> str:
+        """What a request held for `backend` waits on, as the pool's status says: the
+        swap's phase, or the member's state when no swap runs yet."""
+        pool = self._seen.get(backend.pool or "")
+        if pool is not None and pool.swap is not None:
+            return f"swap phase {pool.swap.phase}"
+        return f"member {self.model_states().get(backend.name, 'unavailable')}"
+
     def inflight(self) -> int:
         """Requests between acquire and the end of their response."""
         return sum(self._inflight.values())

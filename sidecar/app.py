@@ -9,6 +9,8 @@ only module that talks to model servers. The activator is reached through the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -18,10 +20,11 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from sidecar import errors, upstream
+from sidecar import errors, fallback, upstream
 from sidecar.auth import NO_KEYS, ApiKeys
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.errors import ProxyError
+from sidecar.held_stream import HeldStream
 from sidecar.metrics import RouterMetrics
 from sidecar.routing import Routes, build_routes
 
@@ -57,6 +60,12 @@ class Activation(Protocol[T]):
     def report_connect_failure(self, target: T) -> None: ...
 
     def model_states(self) -> dict[str, str]: ...
+
+    def hold_progress(self, backend: BackendConfig) -> str: ...
+
+    def serves_now(self, backend: BackendConfig) -> bool: ...
+
+    def swap_can_start(self, backend: BackendConfig) -> bool: ...
 
     def ready(self) -> bool: ...
 
@@ -100,34 +109,54 @@ class Proxy:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
         label = UNROUTED
+        held: HeldStream | None = None
         try:
             self._authorize(request)
             live = self._live
             body = await _read_body(request, live.config.max_body_bytes)
-            model = _model_of(body)
+            model, streamed = _model_of(body)
             backend = live.routes.resolve(model)
             if backend is None:
                 label = UNKNOWN_MODEL
                 raise errors.model_not_found(model)
+            backend, rewrite = fallback.choose(backend, live.config,
+                                               self._activation.serves_now,
+                                               self._activation.swap_can_start)
+            if rewrite is not None:
+                body = fallback.with_model(body, rewrite)
             label = backend.name
-            relay = await self._dispatch(request, backend, body, started)
+            if streamed:
+                held = HeldStream(request, backend.name,
+                                  live.config.held_stream_keepalive_seconds,
+                                  functools.partial(self._activation.hold_progress, backend),
+                                  as_content=live.config.held_stream_progress == "content")
+            relay = await self._dispatch(request, backend, body, started, held)
         except asyncio.CancelledError:
             # The client went away (the server cancels its handler): a held request
             # leaves its place in the queue by this cancellation.
             self._metrics.request_done(label, CLIENT_CLOSED, self._clock() - started)
             raise
         except ProxyError as err:
-            response = errors.error_response(err)
+            if held is not None and held.started:  # its 200 went out: the error is an event
+                response = await held.error(errors.error_body(err))
+            else:
+                response = errors.error_response(err)
             self._metrics.request_done(label, err.status, self._clock() - started)
+            self._metrics.error(label, err.status, err.code)
             return response
         if relay.upstream_failure is not None:
             self._metrics.upstream_error(label, relay.upstream_failure)
-        code = CLIENT_CLOSED if relay.client_gone else relay.response.status
+        code = CLIENT_CLOSED if relay.client_gone else relay.answered or relay.response.status
         self._metrics.request_done(label, code, self._clock() - started)
         return relay.response
 
     async def _dispatch(
-        self, request: web.Request, backend: BackendConfig, body: bytes, started: float
+        self,
+        request: web.Request,
+        backend: BackendConfig,
+        body: bytes,
+        started: float,
+        held: HeldStream | None = None,
     ) -> upstream.Relay:
         live = self._live
         headers = upstream.request_headers(
@@ -148,7 +177,9 @@ class Proxy:
         # 502 for a resident whose process went away.
         for attempt in (1, 2):
             try:
-                async with self._activation.acquire(backend) as target:
+                async with contextlib.AsyncExitStack() as stack:
+                    entering = stack.enter_async_context(self._activation.acquire(backend))
+                    target = await (held.hold(entering) if held is not None else entering)
                     endpoint = target.base_url
                     try:
                         await slots.acquire(endpoint)
@@ -163,6 +194,8 @@ class Proxy:
                                 # resident: a hold never eats into it.
                                 read_timeout=read_timeout,
                                 on_first_chunk=first_chunk,
+                                started=held.response if held is not None else None,
+                                answered_by=backend.name,
                             )
                         finally:
                             slots.release(endpoint)
@@ -255,7 +288,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return bytes(chunks)
 
 
-def _model_of(body: bytes) -> str:
+def _model_of(body: bytes) -> tuple[str, bool]:
+    """The request's `model`, and whether it asks for a stream."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -265,7 +299,7 @@ def _model_of(body: bytes) -> str:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise errors.bad_request("Request body needs a string 'model' field.", param="model")
-    return model
+    return model, payload.get("stream") is True
 
 
 PROXY = web.AppKey("proxy", Proxy)

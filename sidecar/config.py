@@ -29,6 +29,18 @@ class BackendConfig:
     # The member's readiness probe path (None: probed by TCP, or not a ModelServer). The
     # activator probes a swap's target there before its endpoint turns ready.
     readiness_path: str | None = None
+    # Wait (hold for a swap), IfIdle (hold only if the swap can start at once, else the
+    # fallback), Never (never swap: the fallback while not resident). sidecar.fallback.
+    activation: str = "Wait"
+    fallback: Fallback | None = None
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The backend that answers instead, and the `model` it is sent (None: the client's)."""
+
+    backend: str
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,10 @@ class RouterConfig:
     max_body_bytes: int
     backends: tuple[BackendConfig, ...]
     pools: tuple[PoolConfig, ...]
+    # A held `stream: true` request gets an SSE comment this often (sidecar.held_stream),
+    # or with "content" a visible delta saying the same.
+    held_stream_keepalive_seconds: float = 5.0
+    held_stream_progress: str = "comment"
 
     def backend(self, name: str) -> BackendConfig | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -103,6 +119,8 @@ def parse_config(raw: Mapping[str, Any]) -> RouterConfig:
                 pool=_opt(b, "pool", where, str),
                 url=_opt(b, "url", where, str),
                 readiness_path=_opt(b, "readinessPath", where, str),
+                activation=_choice(b, "activation", ACTIVATIONS, where),
+                fallback=_fallback(b, where),
             )
         )
         if (backends[-1].url is None) == (backends[-1].service is None):
@@ -124,6 +142,12 @@ def parse_config(raw: Mapping[str, Any]) -> RouterConfig:
                 min_residency_seconds=float(_opt(p, "minResidencySeconds", where, _NUM) or 0),
             )
         )
+    for b in backends:
+        if b.fallback is not None and b.fallback.backend not in {o.name for o in backends}:
+            raise ConfigError(f"backend {b.name}: fallback {b.fallback.backend!r} is no backend")
+    loop = fallback_loop(tuple(backends))
+    if loop is not None:
+        raise ConfigError(f"backends fall back in a loop: {' -> '.join(loop)}")
     return RouterConfig(
         namespace=_get(router, "namespace", "router", str),
         name=_get(router, "name", "router", str),
@@ -136,7 +160,53 @@ def parse_config(raw: Mapping[str, Any]) -> RouterConfig:
         max_body_bytes=int(raw.get("maxBodyBytes") or 32 * 1024 * 1024),
         backends=tuple(backends),
         pools=tuple(pools),
+        held_stream_keepalive_seconds=_positive(
+            _opt(raw, "heldStreamKeepaliveSeconds", "config", _NUM), 5.0,
+            "config.heldStreamKeepaliveSeconds"),
+        held_stream_progress=_choice(raw, "heldStreamProgress", ("comment", "content")),
     )
+
+
+ACTIVATIONS = ("Wait", "IfIdle", "Never")
+
+
+def _choice(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...],
+            where: str = "config") -> str:
+    value = _opt(raw, key, where, str) or allowed[0]
+    if value not in allowed:
+        raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, not {value!r}")
+    return str(value)
+
+
+def _fallback(backend: Mapping[str, Any], where: str) -> Fallback | None:
+    raw = backend.get("fallback")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}.fallback must be an object")
+    return Fallback(backend=_get(raw, "backend", f"{where}.fallback", str),
+                    model=_opt(raw, "model", f"{where}.fallback", str))
+
+
+def fallback_loop(backends: tuple[BackendConfig, ...]) -> list[str] | None:
+    """The first chain of fallbacks that comes back to where it started, if any."""
+    by_name = {b.name: b for b in backends}
+    for start in backends:
+        chain, current = [start.name], start
+        while current.fallback is not None and current.fallback.backend in by_name:
+            current = by_name[current.fallback.backend]
+            chain.append(current.name)
+            if current.name in chain[:-1]:
+                return chain
+    return None
+
+
+def _positive(value: float | None, default: float, where: str) -> float:
+    if value is None:
+        return default
+    if value <= 0:
+        raise ConfigError(f"{where} must be positive, not {value}")
+    return float(value)
 
 
 def load_config(path: Path) -> RouterConfig:

@@ -3,7 +3,8 @@
 Every failure a client can see leaves the router as `{"error": {"message", "type", "param",
 "code"}}` with the status the design fixes: 400 bad body, 401 missing key, 404 unknown
 model, 413 body too large, 502 upstream refused or broke, 503 (with `Retry-After`) when
-activation refuses to hold, 504 upstream timeout. Never 429.
+activation refuses to hold or the router has no file descriptor left to reach the
+upstream (which is then not reported unreachable), 504 upstream timeout. Never 429.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             type="upstream_error",
             code="upstream_timeout",
             kind="timeout",
+        )
+    if isinstance(exc, upstream.OutOfFiles):
+        return ProxyError(
+            503,
+            f"The router has too many connections open to reach backend '{backend}' now.",
+            type="service_unavailable",
+            code="router_out_of_connections",
+            kind="router_out_of_files",
+            retry_after=1.0,
         )
     if isinstance(exc, upstream.ConnectFailed):
         return ProxyError(

@@ -8,6 +8,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sidecar.activator import (
+    SHUTTING_DOWN,
+    SWAP_ABANDONED,
+    SWAP_BUDGET_EXCEEDED,
+    TOO_MANY_HELD_REQUESTS,
+)
+from sidecar.config import RouterConfig
+
+# The 503s a held request for a pooled backend can get (sidecar.activator), started at 0.
+ACTIVATION_REASONS = (SWAP_BUDGET_EXCEEDED, TOO_MANY_HELD_REQUESTS, SWAP_ABANDONED,
+                      SHUTTING_DOWN)
+
 PREFIX = "modelpool_"
 
 # Holds last as long as a swap (seconds to minutes); requests as long as a generation.
@@ -63,6 +75,14 @@ class RouterMetrics:
         self._requests: dict[tuple[str, int], Counter] = {}
         self._durations: dict[str, Histogram] = {}
         self._ttfb: dict[str, Histogram] = {}
+        self.errors_total = Counter(
+            PREFIX + "errors_total",
+            "Error answers the router gave itself, by backend, HTTP status and the error's "
+            "OpenAI code (the 503s' reasons: swap_budget_exceeded, too_many_held_requests, "
+            "swap_abandoned, shutting_down, router_out_of_connections, ...).",
+            ["router", "model", "code", "reason"],
+            registry=registry,
+        )
         self.upstream_errors_total = Counter(
             PREFIX + "upstream_errors_total",
             "Failed upstream calls, by backend and kind (connect, timeout, disconnect).",
@@ -102,6 +122,24 @@ class RouterMetrics:
         if child is None:
             child = cache[model] = family.labels(self.router, model)
         return child
+
+    def known(self, config: RouterConfig) -> None:
+        """Start the series of every pooled member and every backend at 0 when a config is
+        loaded, so the first hold, coalesced request or 503 shows as an increase (`rate`,
+        `increase`) rather than as a series that appears at 1. Series of members and
+        backends a new config dropped stay until the process restarts (cheap, bounded)."""
+        for pool in config.pools:
+            for member in pool.members:
+                self.held_requests.labels(self.router, pool.name, member)
+                self.hold_duration_seconds.labels(self.router, pool.name, member)
+                self.coalesced_total.labels(self.router, pool.name, member)
+        for backend in config.backends:
+            if backend.pool is not None:
+                for reason in ACTIVATION_REASONS:
+                    self.errors_total.labels(self.router, backend.name, "503", reason)
+
+    def error(self, model: str, code: int, reason: str | None) -> None:
+        self.errors_total.labels(self.router, model, str(code), reason or "").inc()
 
     def upstream_error(self, backend: str, kind: str) -> None:
         self.upstream_errors_total.labels(self.router, backend, kind).inc()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import functools
+import json
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -22,6 +24,8 @@ import httptools
 import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from sidecar import held_stream
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +138,16 @@ class ConnectFailed(UpstreamError):
         self.os_error = os_error
 
 
+class OutOfFiles(UpstreamError):
+    """The router itself could open no socket (EMFILE, ENFILE): nothing is wrong with the
+    upstream, so it must not be reported as unreachable."""
+
+    def __init__(self, address: str, os_error: OSError) -> None:
+        super().__init__(f"connecting to {address}: the router is out of file descriptors "
+                         f"({os_error.strerror})")
+        self.os_error = os_error
+
+
 class ConnectTimedOut(UpstreamError):
     pass
 
@@ -155,6 +169,9 @@ class Relay:
     # connection has then been closed so it cannot mistake a truncated body for a whole one.
     upstream_failure: str | None = None
     client_gone: bool = False
+    # The upstream's status when the client's response had already started with another
+    # (a held stream, answered 200 early): what the metrics count.
+    answered: int | None = None
 
 
 # --- the HTTP/1.1 client ------------------------------------------------------------------
@@ -376,6 +393,8 @@ class Client:
         except TimeoutError as e:
             raise ConnectTimedOut(f"connecting to {address} timed out") from e
         except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise OutOfFiles(address, e) from e
             raise ConnectFailed(address, e) from e
         return conn
 
@@ -503,12 +522,17 @@ async def forward(
     headers: bytes,
     read_timeout: float,
     on_first_chunk: Callable[[], None],
+    started: web.StreamResponse | None = None,
+    answered_by: str | None = None,
 ) -> Relay:
     """Send `body` to `base_url` + the request's path and stream the answer back to the
     client of `request`.
 
     Errors before the response starts are `UpstreamError`s and propagate (the caller
     translates them into an error answer); after it has started they end the relay.
+    `started` is a response already sent to the client (a held stream, `held_stream`):
+    the upstream's events continue it, and an upstream error status becomes its last
+    event.
     """
     endpoint = client.endpoint(base_url)
     head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
@@ -525,13 +549,18 @@ async def forward(
         conn.send([head, body] if len(body) > 16 * 1024 else [head + body])
         # Starts now, with the member resident: a hold never eats into it.
         await conn.head(read_timeout)
+        if started is not None:
+            relay = await _relay_into(request, conn, started, read_timeout, on_first_chunk)
+            finished = relay.upstream_failure is None and not relay.client_gone
+            return relay
         length = _content_length(conn.headers)
         # A body of known length is one whole answer: its headers go out with its first
         # bytes. Anything else (SSE, chunked) gets its headers at once.
         kind = web.StreamResponse if length is None else _WholeResponse
-        response = kind(
-            status=conn.status, reason=conn.reason or None, headers=response_headers(conn.headers)
-        )
+        out_headers = response_headers(conn.headers)
+        if answered_by is not None:
+            out_headers["X-Modelpool-Backend"] = answered_by  # sidecar.fallback.ANSWERED_BY
+        response = kind(status=conn.status, reason=conn.reason or None, headers=out_headers)
         try:
             await response.prepare(request)
         except ConnectionError:
@@ -588,6 +617,38 @@ async def _relay_whole(
     except ConnectionError:
         return Relay(response, client_gone=True)
     return Relay(response)
+
+
+async def _relay_into(
+    request: web.Request,
+    conn: _Connection,
+    response: web.StreamResponse,
+    read_timeout: float,
+    on_first_chunk: Callable[[], None],
+) -> Relay:
+    """The upstream's answer into a stream the client already has: its events as they
+    come, or its error status as one OpenAI-shaped error event."""
+    if conn.status == 200:
+        return await _relay_chunks(request, conn, response, read_timeout, on_first_chunk)
+    try:
+        whole = await conn.whole(read_timeout)
+    except (Disconnected, ReadTimedOut) as e:
+        return _broken(request, response, e)
+    on_first_chunk()
+    try:
+        body = json.loads(whole)
+    except ValueError:
+        body = None
+    if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):
+        text = whole[:200].decode("utf-8", "replace")
+        body = {"error": {"message": f"The backend answered {conn.status}: {text}",
+                          "type": "upstream_error", "param": None, "code": "upstream_status"}}
+    try:
+        await response.write(held_stream.sse_event(body))
+        await response.write_eof()
+    except ConnectionError:
+        return Relay(response, client_gone=True, answered=conn.status)
+    return Relay(response, answered=conn.status)
 
 
 async def _relay_chunks(

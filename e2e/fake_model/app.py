@@ -14,13 +14,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from e2e.fake_model import replies
 from e2e.fake_model.replies import JsonObject
@@ -46,6 +48,11 @@ class SlotTable:
         self._released = asyncio.Condition()
         self.busy: set[int] = set()
         self.waiting = 0
+        # As llama.cpp: every generation is a task with the next id of one counter, and a
+        # slot keeps showing the id of its last task once it is done (none before its first).
+        self._tasks = 0
+        self.task_of: dict[int, int] = {}
+        self.served = 0  # generations finished (vLLM's request_success_total)
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[int]:
@@ -57,11 +64,14 @@ class SlotTable:
                 self.waiting -= 1
             slot = heapq.heappop(self._free)
             self.busy.add(slot)
+            self._tasks += 1
+            self.task_of[slot] = self._tasks
         try:
             yield slot
         finally:
             async with self._released:
                 self.busy.discard(slot)
+                self.served += 1
                 heapq.heappush(self._free, slot)
                 self._released.notify()
 
@@ -279,12 +289,13 @@ async def slots(request: web.Request) -> web.Response:
     if request.app[STATE].idle_probe_fails:
         return _idle_fault()
     table = request.app[STATE].slots
-    return web.json_response(
-        [
-            {"id": slot, "id_task": -1, "n_ctx": CONTEXT_SIZE, "is_processing": slot in table.busy}
-            for slot in range(table.size)
-        ]
-    )
+    listed: list[JsonObject] = []
+    for slot in range(table.size):
+        entry: JsonObject = {"id": slot, "n_ctx": CONTEXT_SIZE, "is_processing": slot in table.busy}
+        if slot in table.task_of:
+            entry["id_task"] = table.task_of[slot]
+        listed.append(entry)
+    return web.json_response(listed)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -296,6 +307,19 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
+class _Served(Collector):
+    """vLLM's counter of finished requests, `vllm:request_success_total`."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily("vllm:request_success", "Count of successfully processed "
+                                     "requests.", labels=["model_name", "finished_reason"])
+        family.add_metric([self._state.settings.model_id, "length"], self._state.slots.served)
+        yield family
+
+
 def _registry(state: ServerState) -> CollectorRegistry:
     registry = CollectorRegistry()
     running_name, waiting_name = METRIC_NAMES[state.settings.mode]
@@ -304,6 +328,8 @@ def _registry(state: ServerState) -> CollectorRegistry:
     model = state.settings.model_id
     running.labels(model_name=model).set_function(lambda: len(state.slots.busy))
     waiting.labels(model_name=model).set_function(lambda: state.slots.waiting)
+    if state.settings.mode is Mode.VLLM:
+        registry.register(_Served(state))
     return registry
 
 

@@ -27,15 +27,7 @@ version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -n
 
 log() { printf '[kind-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# Base image
-base="${MODELPOOL_PYTHON_BASE:-}"
-if [[ -z $base ]]; then
-  if docker image inspect python:3.11-slim >/dev/null 2>&1 || timeout 60 docker pull -q python:3.11-slim >/dev/null 2>&1; then
-    base=python:3.11-slim
-  else
-    base="$(bash "$here/build-images.sh" --root | tail -n 1)"
-  fi
-fi
+base="$(bash "$here/base-image.sh" | tail -n 1)"
 
 # Wheels of the runtime dependencies, at the versions this checkout's venv runs.
 requirements="$("$python" - <<'PY'

@@ -147,15 +147,8 @@ stage "routes to the pod networks"
 bash "$here/build-and-load.sh" "$cluster"
 stage "project images built and loaded"
 
-# Images are rebuilt under the same tags: a pod template carries the ID of the image it
-# should run, so a reused cluster's long-running pods restart when, and only when, their
-# image changed (a patch that changes nothing starts no rollout).
-roll_to_image() {  # roll_to_image KIND/NAME NAMESPACE IMAGE
-  local id
-  id="$(docker image inspect -f '{{.Id}}' "$3")"
-  kubectl_ -n "$2" patch "$1" --type merge >/dev/null \
-    -p "{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"modelpool.dev/image-id\":\"$id\"}}}}}"
-}
+# A rebuilt image (same tag) restarts the pods that run it, and only then.
+roll_to_image() { KUBECONFIG="$kubeconfig" bash "$here/roll-to-image.sh" "$@"; }
 kubectl_ apply -f "$here/fake-gpu-plugin.yaml" >/dev/null
 roll_to_image daemonset/modelpool-fake-gpu-plugin kube-system modelpool/fake-gpu-plugin:e2e
 kubectl_ -n kube-system rollout status daemonset/modelpool-fake-gpu-plugin --timeout=180s >/dev/null
@@ -175,7 +168,10 @@ roll_to_image daemonset/kube-router kube-system modelpool/kube-router:v2.1.0
 kubectl_ -n kube-system rollout status daemonset/kube-router --timeout=180s >/dev/null
 stage "NetworkPolicies enforced (kube-router, firewall only)"
 
-kubectl_ apply --server-side -k "$root/overlays/kind" >/dev/null
+# --force-conflicts: up.sh is this cluster's installer of record. A GitOps tool that synced
+# the same objects before (Flux in e2e/kind_tests/test_flux.py) still owns their fields
+# after it let go of them, and a changed manifest would conflict with it.
+kubectl_ apply --server-side --force-conflicts -k "$root/overlays/kind" >/dev/null
 kubectl_ wait --for=condition=Established --timeout=60s \
   crd/modelservers.modelpool.dev crd/modelpools.modelpool.dev crd/modelrouters.modelpool.dev >/dev/null
 roll_to_image deployment/modelpool-reconciler modelpool-system modelpool/reconciler:0.1.0

@@ -277,6 +277,8 @@ async def test_a_real_llama_server_in_flight_defers_the_swap_until_it_ends(
     reply = await swapped
     assert reply.model == "/models/beta.gguf" and reply.choices[0].message.content
     await client.close()
-    status = harness.pool_status(kind_kubectl, ns, "slot")
+    # The reply can come before the status says so (the router probes the target itself).
+    status = (await asyncio.to_thread(harness.wait_pool_ready, kind_kubectl, ns, "slot", "beta",
+                                      30.0))["status"]
     assert status["residentMember"] == "beta"
     assert status["lastSwap"]["outcome"] == "Succeeded"

@@ -8,7 +8,7 @@ The output rows of control and non-ASCII byte tokens are zero, so generation nev
 end-of-sequence or broken UTF-8 and runs to `max_tokens`. The same name and size give the
 same file, byte for byte.
 
-    python -m e2e.llama.models DIR NAME [--size tiny|large]   # prints the file's path
+    python -m e2e.llama.models DIR NAME [--size tiny|large|xlarge]   # prints the file's path
 
 `tiny` is well under a megabyte and loads in tens of milliseconds; `large` is a few hundred
 megabytes of random weights, for load times like a real swap's.
@@ -51,6 +51,8 @@ class Size:
 SIZES = {
     "tiny": Size(layers=2, embedding=64, heads=4, feed_forward=128),
     "large": Size(layers=4, embedding=1024, heads=8, feed_forward=4096),
+    # about 1 GB: a load that reads from disk for a second or more (benchmarks/bench_prewarm.py)
+    "xlarge": Size(layers=16, embedding=1024, heads=8, feed_forward=4096),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import threading
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from prometheus_client.metrics_core import Metric
@@ -41,6 +43,7 @@ ROUTER_FAMILIES = {
     "modelpool_request_duration_seconds": "histogram",
     "modelpool_time_to_first_byte_seconds": "histogram",
     "modelpool_upstream_errors": "counter",
+    "modelpool_errors": "counter",
 }
 
 
@@ -63,8 +66,19 @@ class Stack:
     def pool(self) -> Json:
         return harness.pool_status(self.kubectl, self.namespace, POOL)
 
-    def router_metrics(self) -> dict[str, Metric]:
-        return harness.scrape(harness.metrics_url(self.router))
+    def router_metrics(self, answered: int | None = None) -> dict[str, Metric]:
+        """The router's /metrics; with `answered`, once it has counted that many requests
+        (it records a request after the client has read the last byte of it)."""
+        url = harness.metrics_url(self.router)
+        if answered is None:
+            return harness.scrape(url)
+
+        def counted() -> dict[str, Metric] | None:
+            families = harness.scrape(url)
+            done = harness.sample_sum(families, "modelpool_requests_total")
+            return families if done >= answered else None
+
+        return harness.eventually(counted, f"the router counting {answered} requests", 10)
 
     def swaps(self, to: str) -> float:
         """Completed swaps to `to`, from the reconciler's /metrics."""
@@ -84,14 +98,16 @@ def bring_up(
     b: Json | None = None,
     swap_budget: str = "60s",
     response_header_timeout: str = "600s",
+    **pool_spec: Any,
 ) -> Stack:
-    """Members a and b, the pool (default a) and the router; returns once a serves."""
+    """Members a and b, the pool (default a, and `pool_spec`) and the router; returns once
+    a serves."""
     harness.apply(
         kubectl,
         namespace,
         a or harness.fake_member("a", load_time=2.0),
         b or harness.fake_member("b", load_time=2.0),
-        harness.pool(POOL, ["a", "b"], default="a", swap_budget=swap_budget),
+        harness.pool(POOL, ["a", "b"], default="a", swap_budget=swap_budget, **pool_spec),
         harness.router(ROUTER, ["a", "b"], response_header_timeout=response_header_timeout),
     )
     harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=60)
@@ -126,6 +142,24 @@ def stream(client: openai.OpenAI, model: str, max_tokens: int = 8) -> list[str]:
     assert finish is not None, "the stream ended without a finish_reason"
     assert "".join(pieces)
     return pieces
+
+
+def streaming(client: openai.OpenAI, model: str, max_tokens: int) -> threading.Thread:
+    """A streamed request for `model` running in a thread, returned once its first chunk
+    arrived: the member is busy until the thread ends."""
+    first_token = threading.Event()
+
+    def read() -> None:
+        with client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=max_tokens, stream=True
+        ) as chunks:
+            for _ in chunks:
+                first_token.set()
+
+    busy = threading.Thread(target=read)
+    busy.start()
+    assert first_token.wait(30), f"{model} never started streaming"
+    return busy
 
 
 # --- A cold pool, a swap, coalescing, and what /metrics says about them ------------------
@@ -171,7 +205,7 @@ def test_cold_pool_serves_default_swaps_once_for_the_other_and_metrics_count_it(
         assert stack.swaps("b") == 1
         assert stack.swaps("a") == 1  # the cold load of the default
 
-    families = stack.router_metrics()
+    families = stack.router_metrics(answered=8)
     missing = {n: t for n, t in ROUTER_FAMILIES.items()
                if n not in families or families[n].type != t}
     assert not missing, f"router families missing or of the wrong type: {missing}"
@@ -196,6 +230,124 @@ def test_cold_pool_serves_default_swaps_once_for_the_other_and_metrics_count_it(
     assert value("modelpool_upstream_errors_total") == 0
 
 
+def test_a_streamed_request_held_through_a_swap_starts_at_once_and_says_why_it_waits(
+    stack: Stack,
+) -> None:
+    """sidecar.held_stream through a real swap: the 200 and its event-stream headers go out
+    while the pool is still swapping, an SSE comment says what the request waits for, and
+    the member's own events follow in the same response."""
+    body = {"model": "b", "messages": MESSAGES, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{stack.base_url}/chat/completions", json=body,
+                      timeout=60.0) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        status = stack.pool()
+        assert status.get("residentMember") != "b" or status.get("phase") != "Ready", status
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[0].startswith(": loading b, "), lines[:3]
+    events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
+    harness.wait_pool_ready(stack.kubectl, stack.namespace, POOL, resident="b", within=30)
+
+
+def test_an_idle_pool_gives_the_gpu_back_and_the_next_request_loads_it_again(
+    kubectl: Kubectl, namespace: str, installed: Installation
+) -> None:
+    """spec.idleUnloadAfter through the router: traffic keeps the resident loaded past it;
+    once it stops, the member is unloaded (its pod gone, the GPU free), the pool is Cold
+    and says why, and the next request through the router loads it and is answered."""
+    stack = bring_up(kubectl, namespace, installed, idleUnloadAfter="6s")
+    with stack.client() as client:
+        started = time.monotonic()
+        while time.monotonic() - started < 12:  # twice idleUnloadAfter of light traffic
+            chat(client, "a", max_tokens=1)
+            assert stack.pool().get("residentMember") == "a", stack.pool()
+            time.sleep(1.0)  # the traffic's pace, not a wait for anything
+
+        def cold() -> Json | None:
+            status = stack.pool()
+            return status if status.get("phase") == "Cold" else None
+
+        status = harness.eventually(cold, "the pool Cold once a served nothing for 6s", 60,
+                                    explain=stack.pool)
+        assert status["idleUnloaded"]["member"] == "a", status
+        assert status.get("residentMember") is None
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("True", "IdleUnloaded"), ready
+        harness.eventually(lambda: True if not harness.member_pods(kubectl, namespace) else None,
+                           "a's pod gone", 60)
+        events = kubectl.json("get", "events", "-n", namespace,
+                              "--field-selector", f"involvedObject.name={POOL}")["items"]
+        assert [e for e in events if e.get("reason") == "IdleUnloaded"], events
+        assert stack.pool().get("phase") == "Cold"  # not the default loaded again
+
+        assert chat(client, "a")  # held through the load, then answered
+    status = harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=30)
+    assert status["status"].get("idleUnloaded") is None
+
+
+def test_a_backend_falls_through_to_a_member_that_is_loaded_instead_of_waiting(
+    kubectl: Kubectl, namespace: str, installed: Installation
+) -> None:
+    """Fallback through the router on real pods: `small` is a ModelServer of its own (no
+    pool) that answers for the pool's members. With activation Never a request for b goes
+    to small at once and no swap is asked for. With IfIdle a request is held through its
+    member's swap while the resident is idle, and goes to small while the resident streams
+    (the swap could not start at once). The client's model reaches the fallback unchanged,
+    and the response says who answered."""
+    harness.apply(
+        kubectl, namespace,
+        harness.fake_member("a", load_time=1.0, tokens_per_second=20),
+        harness.fake_member("b", load_time=1.0),
+        harness.fake_member("small", load_time=0.5),
+        harness.pool(POOL, ["a", "b"], default="a"))
+    never = harness.router(ROUTER, ["a", "b", "small"])
+    never["spec"]["backends"][1].update(activation="Never", fallback={"name": "small"})
+    harness.apply(kubectl, namespace, never)
+    harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=60)
+    harness.eventually(
+        lambda: True if [p for p in harness.member_pods(kubectl, namespace, "small")
+                         if p.ready] else None, "small Ready", 60)
+    (router,) = harness.wait_router_ready(kubectl, namespace, ROUTER, within=60)
+    stack = Stack(kubectl, namespace, installed, router)
+    with stack.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="b", messages=MESSAGES, max_tokens=2)
+        assert raw.headers["x-modelpool-backend"] == "small"
+        assert raw.parse().model == "small"  # small's own id; the request said b
+        assert stack.pool().get("request") is None and stack.pool()["residentMember"] == "a"
+
+        if_idle = harness.router(ROUTER, ["a", "b", "small"])
+        for backend in if_idle["spec"]["backends"][:2]:
+            backend.update(activation="IfIdle", fallback={"name": "small"})
+        harness.apply(kubectl, namespace, if_idle)
+
+        def served_by_b() -> bool | None:
+            raw = client.chat.completions.with_raw_response.create(
+                model="b", messages=MESSAGES, max_tokens=2)
+            return True if raw.headers["x-modelpool-backend"] == "b" else None
+
+        # Once the router has reloaded the config (until then Never sends b to small): a
+        # is idle, so b is held through its own swap and answered by b itself.
+        harness.eventually(served_by_b, "b held and served by b once IfIdle is loaded", 120)
+        harness.wait_pool_ready(kubectl, namespace, POOL, resident="b", within=30)
+
+        # b streams: a request for a (IfIdle) cannot start its swap at once, so small answers
+        busy = streaming(client, "b", 150)
+        raw = client.chat.completions.with_raw_response.create(
+            model="a", messages=MESSAGES, max_tokens=2)
+        busy.join(60)
+        assert raw.headers["x-modelpool-backend"] == "small"
+        assert stack.pool()["residentMember"] == "b"
+        # b idle again: a is held through its swap and answered by a
+        raw = client.chat.completions.with_raw_response.create(
+            model="a", messages=MESSAGES, max_tokens=2)
+        assert raw.headers["x-modelpool-backend"] == "a"
+        assert raw.parse().model == "a"
+    harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=30)
+
+
 # --- Past the hold budget: 503 with Retry-After; an SDK client that retries gets through --
 
 
@@ -212,18 +364,7 @@ def test_past_the_hold_budget_503_with_retry_after_and_a_retrying_client_gets_it
     )
     busy_tokens = 130  # 13 s busy
     with stack.client(timeout=60) as plain, stack.client(max_retries=6, timeout=60) as patient:
-        first_token = threading.Event()
-
-        def keep_a_busy() -> None:
-            with plain.chat.completions.create(
-                model="a", messages=MESSAGES, max_tokens=busy_tokens, stream=True
-            ) as chunks:
-                for _ in chunks:
-                    first_token.set()
-
-        busy = threading.Thread(target=keep_a_busy)
-        busy.start()
-        assert first_token.wait(30), "a never started streaming"
+        busy = streaming(plain, "a", busy_tokens)
 
         outcome: dict[str, Any] = {}
 
@@ -259,8 +400,8 @@ def test_past_the_hold_budget_503_with_retry_after_and_a_retrying_client_gets_it
         )["status"]  # the reply can come before the status says so
         assert pool["residentMember"] == "b"
         assert pool["lastSwap"]["outcome"] == "Succeeded"
-    families = stack.router_metrics()
     refusals = 1 + outcome["retries"]  # the plain client's, and each retried attempt's
+    families = stack.router_metrics(answered=refusals + 1)
     assert harness.sample_sum(families, "modelpool_requests_total", model="b",
                               code="503") == refusals
     assert harness.sample_sum(families, "modelpool_requests_total", model="b",
@@ -334,7 +475,7 @@ async def test_a_client_that_disconnects_mid_swap_does_not_abort_the_swap(
     with stack.client() as sync_client:
         await asyncio.to_thread(chat, sync_client, "b")
     assert stack.pool()["request"]["generation"] == generation  # served, no new request
-    families = await asyncio.to_thread(stack.router_metrics)
+    families = await asyncio.to_thread(stack.router_metrics, 2)  # the 499 and the 200
     assert harness.sample_sum(families, "modelpool_requests_total", model="b", code="499") == 1
 
 
@@ -387,7 +528,7 @@ def test_after_the_resident_process_is_killed_the_router_does_not_keep_answering
     restarted = harness.member_pods(stack.kubectl, stack.namespace, "a")
     assert [p.restarts for p in restarted] == [1]  # the same pod, restarted by the node
     # The router saw the dead endpoint (counted by kind) whether or not a client got 502.
-    families = stack.router_metrics()
+    families = stack.router_metrics(answered=1 + len(outcomes) + len(after))
     errors = harness.sample_sum(families, "modelpool_upstream_errors_total", backend="a")
     assert 1 <= errors <= 2 + statuses.count(502), (errors, outcomes)
     assert harness.sample_sum(families, "modelpool_requests_total", model="a",

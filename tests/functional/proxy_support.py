@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +118,8 @@ class StandInActivation:
         self.connect_failures: list[UrlTarget] = []
         self.configs: list[RouterConfig] = [config]
         self.held = 0
+        self.progress_asked = 0  # once per keep-alive comment of a held stream
+        self.incumbent_idle = True  # what swap_can_start answers (activation IfIdle)
         self._released = asyncio.Event()
         self._shutdown_retry: float | None = None
         self._stopped = asyncio.Event()
@@ -158,6 +160,16 @@ class StandInActivation:
 
     def model_states(self) -> dict[str, str]:
         return {b.name: ("stopped" if b.pool else "ready") for b in self.config.backends}
+
+    def serves_now(self, backend: BackendConfig) -> bool:
+        return backend.pool is None or self._released.is_set()
+
+    def swap_can_start(self, backend: BackendConfig) -> bool:
+        return self.incumbent_idle
+
+    def hold_progress(self, backend: BackendConfig) -> str:
+        self.progress_asked += 1
+        return "held until release()" if backend.pool is not None else "not held"
 
     def ready(self) -> bool:
         return True
@@ -212,3 +224,11 @@ def url_backend(name: str, url: str, *aliases: str, pool: str | None = None) -> 
         "pool": pool,
         "url": url,
     }
+
+
+async def until(condition: Callable[[], bool], limit: float = 10.0) -> None:
+    """Until `condition()` (a count of the stand-in's: there is no event to wait on)."""
+    async with asyncio.timeout(limit):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+

@@ -678,3 +678,25 @@ async def test_a_router_that_loses_the_race_re_reads_and_writes_again_at_once() 
         await asyncio.gather(waiter, return_exceptions=True)
 
     await running([router], body)
+
+
+async def test_what_fallback_and_held_streams_ask_of_the_activation(pools: FakeCluster) -> None:
+    """serves_now, swap_can_start (activation IfIdle) and hold_progress (held streams), as
+    the pool's status and this router's own requests change."""
+    router = Router(pools, router_config())
+    a = router.activation
+    coder, gemma = router.backend("coder"), router.backend("gemma")
+
+    async def body() -> None:
+        assert a.serves_now(coder) and not a.serves_now(gemma)
+        assert a.serves_now(router.backend("external"))
+        assert a.swap_can_start(gemma)  # coder resident, nothing in flight, no swap
+        assert a.hold_progress(gemma) == "member stopped"
+        async with a.acquire(coder):  # a request in flight on the resident
+            assert not a.swap_can_start(gemma)
+        assert a.swap_can_start(gemma)
+        pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Unloading"))
+        await eventually(lambda: not a.swap_can_start(gemma))
+        assert a.hold_progress(gemma) == "swap phase Unloading"
+
+    await running([router], body)

@@ -289,6 +289,8 @@ async def test_vllm_metrics_count_running_and_waiting(
             return (sample[running], sample[waiting]) == (0.0, 0.0)
 
         await _poll(drained, "nothing runs or waits")
+        finished = (await _metrics(session, server))["vllm:request_success_total"]
+        assert finished == 2.0
 
 
 async def test_a_second_server_on_a_held_gpu_exits_with_an_error(tmp_path: Path) -> None:

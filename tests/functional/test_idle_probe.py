@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from reconciler.idle import VLLM_RUNNING, IdleCheck, Method
+from e2e.fake_model.harness import run_fake_model
+from reconciler.idle import VLLM_RUNNING, IdleCheck, Method, idle_check
 from reconciler.probes import HttpIdleProbe
 from reconciler.swap import Verdict
 
@@ -110,3 +114,35 @@ async def test_errors_fail_closed(pods: list[tuple[Pod, tuple[str, int]]],
 async def test_a_member_without_an_idle_setting_is_unsupported(probe: HttpIdleProbe) -> None:
     verdict, detail = await probe.probe(IdleCheck(Method.UNSUPPORTED), [("127.0.0.1", 1)])
     assert verdict is Verdict.UNSUPPORTED and "spec.idle" in detail
+
+
+async def test_the_activity_mark_moves_with_each_generation_of_the_fake_in_both_runtimes(
+    tmp_path: Path, probe: HttpIdleProbe
+) -> None:
+    """What idleUnloadAfter reads, from the fake model server (held to llama.cpp's
+    `/slots` by the contract suite): the mark stays while nothing is served and moves
+    with every request, in llama.cpp's `/slots` and vLLM's request_success_total."""
+    for mode, runtime in (("llamacpp", "llamacpp"), ("vllm", "vllm")):
+        async with run_fake_model("--mode", mode, "--tokens-per-second", "1000",
+                                  log_path=tmp_path / f"{mode}.log") as fake:
+            check = idle_check(runtime, None)
+            address = ("127.0.0.1", fake.port)
+            async with aiohttp.ClientSession() as http:
+                for _ in range(100):
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.get(fake.base_url + "/health") as r:
+                            if r.status == 200:
+                                break
+                    await asyncio.sleep(0.05)  # polling a server's start: no event to wait on
+                first = await probe.activity(check, [address])
+                again = await probe.activity(check, [address])
+                assert first.verdict is Verdict.IDLE and first.mark == again.mark, mode
+                marks = {first.mark}
+                for _ in range(2):
+                    async with http.post(fake.base_url + "/v1/completions",
+                                         json={"prompt": "hi", "max_tokens": 2}) as r:
+                        assert r.status == 200
+                    reading = await probe.activity(check, [address])
+                    assert reading.verdict is Verdict.IDLE and reading.mark not in marks, (
+                        mode, reading, marks)
+                    marks.add(reading.mark)

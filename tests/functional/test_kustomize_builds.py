@@ -40,6 +40,8 @@ def test_production_overlay() -> None:
     assert kinds == BASE_OBJECTS | {
         ("PodDisruptionBudget", "modelpool-reconciler"),
         ("ServiceMonitor", "modelpool-reconciler"),
+        ("PodMonitor", "modelpool-routers"),
+        ("ConfigMap", "modelpool-grafana-dashboard"),
     }
     deploy = _find(objects, "Deployment", "modelpool-reconciler")
     assert deploy["spec"]["replicas"] == 2
@@ -54,6 +56,15 @@ def test_production_overlay() -> None:
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    # the reconciler's `namespace` label is the pool's: kept, or the dashboard's filter fails
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    routers = _find(objects, "PodMonitor", "modelpool-routers")
+    assert routers["spec"]["namespaceSelector"] == {"any": True}
+    (expression,) = routers["spec"]["selector"]["matchExpressions"]
+    assert (expression["key"], expression["operator"]) == ("modelpool.dev/router", "Exists")
+    router_template = (ROOT / "templates" / "router" / "deployment.yaml.j2").read_text()
+    port = routers["spec"]["podMetricsEndpoints"][0]["port"]
+    assert f"- name: {port}\n" in router_template
 
 
 @pytest.mark.parametrize(("overlay", "policy"), [("kind", "IfNotPresent"), ("local", "Never")])

@@ -160,6 +160,32 @@ async def test_requests_queued_behind_busy_slots_keep_a_slot_processing(server: 
         f"sample {first_idle} of {len(busy)} read idle while a queued request waited")
 
 
+def _tasks(slots: object) -> list[object]:
+    assert isinstance(slots, list)
+    return [slot.get("id_task") for slot in slots]
+
+
+async def test_a_slots_task_id_changes_with_each_generation_and_nothing_else(
+    server: Server,
+) -> None:
+    """What `spec.idleUnloadAfter` reads as "served something": a slot shows the id of its
+    last task, every generation is a new task, and reading `/slots`, `/health` or
+    `/v1/models` is none."""
+    _, before = await get_json(server.base_url + "/slots")
+    for path in ("/health", "/v1/models", "/slots"):
+        await get_json(server.base_url + path)
+    _, after_reads = await get_json(server.base_url + "/slots")
+    assert _tasks(after_reads) == _tasks(before)
+    marks = [_tasks(after_reads)]
+    async with client(server) as c:
+        for _ in range(3):
+            await c.completions.create(model=NAME, prompt="the pool", max_tokens=4)
+            _, slots = await get_json(server.base_url + "/slots")
+            marks.append(_tasks(slots))
+    assert len({json.dumps(m) for m in marks}) == 4, marks
+    assert all(isinstance(t, int) for t in marks[-1] if t is not None), marks
+
+
 async def test_chat_completion_runs_to_max_tokens(server: Server) -> None:
     async with client(server) as c:
         reply = await c.chat.completions.create(

@@ -43,6 +43,7 @@ ROUTER_FAMILIES = {
     "modelpool_request_duration_seconds",
     "modelpool_time_to_first_byte_seconds",
     "modelpool_upstream_errors",
+    "modelpool_errors",
 }
 
 
@@ -261,6 +262,8 @@ async def test_activation_refusal_is_503_with_integer_retry_after(router: Router
         error = (await resp.json())["error"]
     assert error["code"] == "swap_budget_exceeded"
     assert router.sample("modelpool_requests_total", model=REFUSED_BACKEND, code="503") == 1
+    assert router.sample("modelpool_errors_total", model=REFUSED_BACKEND, code="503",
+                         reason="swap_budget_exceeded") == 1
 
 
 async def test_upstream_breaking_mid_stream_aborts_the_client(router: Router) -> None:

@@ -84,6 +84,16 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("spec.reclaimAfter",),
     ),
     (
+        "pool-idle-unload-after-zero",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "idleUnloadAfter": "0s"}),
+        ("spec.idleUnloadAfter", "positive duration"),
+    ),
+    (
+        "pool-idle-unload-after-not-a-duration",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "idleUnloadAfter": "soon"}),
+        ("spec.idleUnloadAfter", "should match"),
+    ),
+    (
         "pool-fair-without-max-wait",
         _obj("ModelPool", "p", {"members": _MEMBERS, "swapPolicy": "fair"}),
         ("spec.maxWait", "required when spec.swapPolicy is fair"),
@@ -225,6 +235,33 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("spec.proxy.maxHeldRequests",),
     ),
     (
+        "router-fallback-to-no-backend",
+        _obj("ModelRouter", "r", {"backends": [{**_URL, "fallback": {"name": "nowhere"}}]}),
+        ("spec.backends", "fallback.name must name one of spec.backends"),
+    ),
+    (
+        "router-fallback-to-itself",
+        _obj("ModelRouter", "r", {"backends": [{**_URL, "fallback": {"name": _URL["name"]}}]}),
+        ("spec.backends", "fall back in a loop"),
+    ),
+    (
+        "router-fallbacks-to-each-other",
+        _obj("ModelRouter", "r", {"backends": [
+            {"name": "a", "url": "http://10.0.0.9:8000", "fallback": {"name": "b"}},
+            {"name": "b", "url": "http://10.0.0.9:8001", "fallback": {"name": "a"}}]}),
+        ("spec.backends", "fall back in a loop"),
+    ),
+    (
+        "router-activation-unknown",
+        _obj("ModelRouter", "r", {"backends": [{**_URL, "activation": "Sometimes"}]}),
+        ("spec.backends[0].activation", "Unsupported value"),
+    ),
+    (
+        "router-held-stream-progress-unknown",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"heldStreamProgress": "Loud"}}),
+        ("spec.proxy.heldStreamProgress", "Unsupported value"),
+    ),
+    (
         "router-url-not-http",
         _obj("ModelRouter", "r", {"backends": [{"name": "a", "url": "10.0.0.9:8000"}]}),
         ("spec.backends[0].url", "should match"),
@@ -254,6 +291,21 @@ def test_invalid_manifest_is_rejected_naming_the_field(
         assert text in result.stderr, f"{text!r} not in {result.stderr!r}"
     created = kubectl("get", KINDS, "-n", namespace, "-o", "name").stdout.strip()
     assert created == ""
+
+
+def test_a_chain_of_fallbacks_without_a_loop_is_admitted(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    router = _obj("ModelRouter", "r", {"backends": [
+        {"name": "a", "url": "http://10.0.0.9:8000", "activation": "Never",
+         "fallback": {"name": "b", "model": "bee"}},
+        {"name": "b", "url": "http://10.0.0.9:8001", "activation": "IfIdle",
+         "fallback": {"name": "c"}},
+        {"name": "c", "url": "http://10.0.0.9:8002"}]})
+    kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(router))
+    spec = kubectl.json("get", "modelrouter", "r", "-n", namespace)["spec"]
+    assert [b.get("fallback") for b in spec["backends"]] == [
+        {"name": "b", "model": "bee"}, {"name": "c"}, None]
 
 
 def test_valid_objects_get_the_defaults_spec_py_assumes(
@@ -286,6 +338,7 @@ def test_valid_objects_get_the_defaults_spec_py_assumes(
         "port": 8080,
         "responseHeaderTimeout": "600s",
         "maxHeldRequests": 1000,
+        "heldStreamProgress": "Comment",
     }
     names = kubectl("get", "mpool,ms,mrouter", "-n", namespace, "-o", "name").stdout.split()
     assert sorted(names) == sorted(

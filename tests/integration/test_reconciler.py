@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from reconciler.__main__ import run
-from reconciler.kube import MODEL_POOLS, PODS, Conflict, Kube, request_cas_ops
+from reconciler.kube import MODEL_POOLS, MODEL_ROUTERS, PODS, Conflict, Kube, request_cas_ops
 from reconciler.settings import Settings, SwapSettings
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ class Running:
         return value or 0.0
 
     async def get(self, plural: str, name: str) -> Json:
-        resource = {"modelpools": MODEL_POOLS}.get(plural)
+        resource = {"modelpools": MODEL_POOLS, "modelrouters": MODEL_ROUTERS}.get(plural)
         if resource is not None:
             return await self.kube.request("GET", resource, self.namespace, name)
         raise KeyError(plural)
@@ -701,6 +701,88 @@ async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what
     await eventually(collected, "the router's objects collected", 60)
 
 
+async def test_a_member_added_with_the_pools_change_is_waited_for_not_stalled(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    # a commit that adds a member to a pool and the member itself: the pool's change may
+    # reach the reconciler first; it reads Reconciling meanwhile, never Stalled (Flux fails
+    # a sync at once on a Stalled object)
+    apply(kubectl, namespace, server("a"), server("b"), pool(["a", "b"]))
+    await ready_with(reconciler, "a")
+    seen: list[tuple[str, str | None]] = []
+
+    async def watch() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                body = await reconciler.pool()
+                for type_ in ("Reconciling", "Stalled"):
+                    c = condition(body, type_) or {}
+                    if c.get("status") == "True":
+                        seen.append((type_, c.get("reason")))
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(watch())
+    try:
+        apply(kubectl, namespace, pool(["a", "b", "c"]))  # the pool's change first
+        await eventually(
+            lambda: _async(("Reconciling", "WaitingForMembers") in seen or None),
+            "the changed pool waiting for its new member", 20)
+        apply(kubectl, namespace, server("c"))
+
+        async def has_c() -> bool | None:
+            body = await reconciler.pool()
+            members = (body.get("status") or {}).get("members") or []
+            stalled = (condition(body, "Stalled") or {}).get("status")
+            return (any(m.get("name") == "c" for m in members) and stalled == "False") or None
+
+        await eventually(has_c, "the pool reporting its new member", 20)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert all(type_ != "Stalled" for type_, _ in seen), seen
+
+
+async def test_a_router_applied_before_its_server_is_in_progress_never_stalled(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    # Flux fails a sync at once on a Stalled object: a router applied a moment before the
+    # ModelServer it names reads Reconciling (WaitingForModelServer), not Stalled
+    seen: list[tuple[str | None, str | None]] = []
+
+    async def watch() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                body = await reconciler.get("modelrouters", "chat")
+                for type_ in ("Reconciling", "Stalled"):
+                    c = condition(body, type_) or {}
+                    if c.get("status") == "True":
+                        seen.append((type_, c.get("reason")))
+            await asyncio.sleep(0.1)
+
+    apply(kubectl, namespace, router(["a"]))
+    task = asyncio.create_task(watch())
+    try:
+        await eventually(
+            lambda: _async(("Reconciling", "WaitingForModelServer") in seen or None),
+            "the router waiting for its ModelServer", 20)
+        apply(kubectl, namespace, server("a"))
+
+        async def rendered() -> bool | None:
+            return kubectl("get", "deployment", "chat-router", "-n", namespace,
+                           check=False).returncode == 0 or None
+
+        await eventually(rendered, "the router rendered once its server exists", 30)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert all(type_ != "Stalled" for type_, _ in seen), seen
+    events = kubectl.json("get", "events", "-n", namespace,
+                          "--field-selector", "involvedObject.name=chat")["items"]
+    assert not [e for e in events if e.get("reason") == "CannotRender"]
+
+
 async def test_reclaim_hands_the_slot_back_to_the_default_once_idle(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:
@@ -824,3 +906,51 @@ async def test_a_members_network_policy_follows_its_routers_and_goes_with_it(
     await eventually(lambda: admits(["chat"]), "a's policy back", 30)
     kubectl("delete", "modelserver", "a", "-n", namespace)
     await eventually(lambda: admits(None), "a's policy collected with its ModelServer", 60)
+
+
+async def test_a_resident_that_served_nothing_for_idle_unload_after_is_unloaded(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """spec.idleUnloadAfter: requests keep the resident loaded past it; once they stop it
+    is unloaded, the pool is Cold (not the default loaded again) and says why, and the
+    next request loads a member."""
+    idle = pool(["a", "b"])
+    idle["spec"]["idleUnloadAfter"] = "3s"
+    apply(kubectl, namespace, server("a"), server("b"), idle)
+    await ready_with(reconciler, "a")
+    pods, _ = await reconciler.kube.list_all(PODS, namespace, "modelpool.dev/model-server=a")
+    ip = pods[0]["status"]["podIP"]
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        # twice idleUnloadAfter of traffic: a 0.1 s request a second, so most probes find
+        # the member idle and only its served-request mark shows it is used
+        while time.monotonic() - started < 6:
+            async with session.post(f"http://{ip}:8080/v1/completions",
+                                    json={"model": "a", "prompt": "hi", "max_tokens": 1}) as r:
+                assert r.status == 200
+            status = (await reconciler.pool()).get("status") or {}
+            assert status.get("residentMember") == "a", status
+            await asyncio.sleep(1.0)  # the traffic's pace, not a wait for anything
+
+    async def cold() -> Json | None:
+        body = await reconciler.pool()
+        return body if (body.get("status") or {}).get("phase") == "Cold" else None
+
+    body = await eventually(cold, "the pool Cold once a served nothing for 3s", 30)
+    unloaded = body["status"]["idleUnloaded"]
+    assert unloaded["member"] == "a" and unloaded["idleSeconds"] >= 3, unloaded
+    assert body["status"].get("residentMember") is None
+    ready = condition(body, "Ready")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("True", "IdleUnloaded")
+    await event_seen(kubectl, namespace, "slot", "IdleUnloaded")
+
+    async def gone() -> bool | None:
+        left, _ = await reconciler.kube.list_all(PODS, namespace, "modelpool.dev/model-server")
+        return True if not [p for p in left if _active_member(p)] else None
+
+    await eventually(gone, "a's pod gone, the GPU free", 30)
+    assert reconciler.sample("modelpool_idle_unloads_total", pool="slot", member="a") == 1
+    assert ((await reconciler.pool()).get("status") or {}).get("phase") == "Cold"
+    await reconciler.request("a")
+    body = await ready_with(reconciler, "a")
+    assert body["status"].get("idleUnloaded") is None

@@ -11,7 +11,7 @@ import pytest
 
 from reconciler.render import Renderer
 from reconciler.router_config import config_json, router_config
-from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec
+from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
 from sidecar.config import RouterConfig, parse_config
 from tests.unit.test_render_cases import (
     CHAT,
@@ -155,3 +155,26 @@ def test_the_router_probes_the_path_the_kubelet_probes(name: str) -> None:
     (backend,) = parse_config(router_config(router, servers, [])).backends
     assert backend.readiness_path == _probe_path(servers[name])
     assert backend.readiness_path == {"embed": None, "custom": "/ready"}.get(name, "/health")
+
+
+@pytest.mark.parametrize(("given", "written", "loaded"), [
+    (None, None, "comment"), ("Comment", None, "comment"), ("Content", "content", "content"),
+])
+def test_held_stream_progress_reaches_the_router(
+    given: str | None, written: str | None, loaded: str
+) -> None:
+    proxy: dict[str, Any] = {} if given is None else {"heldStreamProgress": given}
+    router = ModelRouterSpec.from_body(body("ModelRouter", "chat", {
+        "backends": [{"name": "x", "url": "http://10.0.0.7:8080"}], "proxy": proxy}))
+    raw = router_config(router, {}, [])
+    assert raw.get("heldStreamProgress") == written
+    cfg = parse_config(json.loads(config_json(raw)))
+    assert cfg.held_stream_progress == loaded
+    assert cfg.held_stream_keepalive_seconds == 5.0
+
+
+def test_an_unknown_held_stream_progress_is_refused() -> None:
+    with pytest.raises(SpecError, match="heldStreamProgress must be one of Comment, Content"):
+        ModelRouterSpec.from_body(body("ModelRouter", "chat", {
+            "backends": [{"name": "x", "url": "http://10.0.0.7:8080"}],
+            "proxy": {"heldStreamProgress": "Loud"}}))

@@ -3,7 +3,10 @@ answer is OpenAI error JSON."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import os
 
 import pytest
 
@@ -35,6 +38,13 @@ def _connector_error() -> upstream.ConnectFailed:
         (upstream.ReadTimedOut(), 504, "upstream_error", "upstream_timeout", "timeout"),
         (TimeoutError(), 504, "upstream_error", "upstream_timeout", "timeout"),
         (upstream.Disconnected("closed"), 502, "upstream_error", "upstream_failed", "disconnect"),
+        (
+            upstream.OutOfFiles("127.0.0.1:9", OSError(24, "Too many open files")),
+            503,
+            "service_unavailable",
+            "router_out_of_connections",
+            "router_out_of_files",
+        ),
         (_refusal(2.1), 503, "service_unavailable", "swap_budget_exceeded", None),
         (ValueError("bug"), 500, "server_error", "internal_error", None),
     ],
@@ -49,7 +59,7 @@ def test_translate(
 def test_connect_failures_are_the_ones_reported_to_the_activator() -> None:
     reported = {
         kind
-        for kind in ("connect", "connect_timeout", "timeout", "disconnect")
+        for kind in ("connect", "connect_timeout", "timeout", "disconnect", "router_out_of_files")
         if errors.is_connect_failure(errors.ProxyError(502, "m", type="t", code="c", kind=kind))
     }
     assert reported == {"connect", "connect_timeout"}
@@ -95,3 +105,31 @@ def test_error_body_is_openai_shaped_and_truncates_echoes() -> None:
 )
 def test_client_errors(err: errors.ProxyError, status: int, code: str | None) -> None:
     assert (err.status, err.code, err.type) == (status, code, "invalid_request_error")
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+def test_the_routers_own_lack_of_sockets_is_not_an_unreachable_upstream(code: int) -> None:
+    """Out of file descriptors, the router cannot connect anywhere: a 503 to retry, and the
+    endpoint is not reported dead (that would fail every request held for it)."""
+
+    async def main() -> BaseException:
+        loop = asyncio.get_running_loop()
+
+        async def refuse(*args: object, **kwargs: object) -> None:
+            raise OSError(code, os.strerror(code))
+
+        loop.create_connection = refuse  # type: ignore[method-assign,assignment]
+        client = upstream.Client(connect_timeout=1.0)
+        try:
+            await client.open(client.endpoint("http://127.0.0.1:9"))
+        except upstream.UpstreamError as e:
+            return e
+        finally:
+            client.close()
+        raise AssertionError("connected")
+
+    failure = asyncio.run(main())
+    assert isinstance(failure, upstream.OutOfFiles), failure
+    err = errors.translate(failure, "coder")
+    assert err.status == 503 and err.retry_after == 1.0
+    assert not errors.is_connect_failure(err)

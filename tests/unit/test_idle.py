@@ -8,6 +8,7 @@ import pytest
 
 from reconciler.idle import (
     VLLM_RUNNING,
+    VLLM_SERVED,
     IdleCheck,
     IdleParseError,
     Method,
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.unit
     ("runtime", "idle", "expected"),
     [
         ("llamacpp", None, IdleCheck(Method.SLOTS, "/slots")),
-        ("vllm", None, IdleCheck(Method.METRIC, "/metrics", VLLM_RUNNING, 0.0)),
+        ("vllm", None, IdleCheck(Method.METRIC, "/metrics", VLLM_RUNNING, 0.0, VLLM_SERVED)),
         ("generic", None, IdleCheck(Method.UNSUPPORTED)),
         ("generic", IdleSpec(path="/idle"), IdleCheck(Method.PATH, "/idle")),
         (

@@ -1,5 +1,6 @@
-"""The kind scripts (e2e/kind), checked where no cluster is needed: they parse and are
-strict. What they build and run is judged by kind itself (e2e/tests on kind)."""
+"""The kind and Flux scripts (e2e/kind, e2e/flux), checked where no cluster is needed: they
+parse and are strict. What they build and run is judged by kind itself (e2e/tests on kind)
+and by Flux (e2e/kind_tests/test_flux.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND = ROOT / "e2e" / "kind"
-SCRIPTS = sorted([*KIND.glob("*.sh"), KIND / "node" / "modelpool-entrypoint",
-                  KIND / "unprivileged" / "docker"])
+SCRIPTS = sorted([*KIND.glob("*.sh"), *(ROOT / "e2e" / "flux").glob("*.sh"),
+                  KIND / "node" / "modelpool-entrypoint", KIND / "unprivileged" / "docker"])
 
 pytestmark = pytest.mark.unit
 

@@ -124,7 +124,7 @@ def test_the_cel_rules_of_the_issue_exist() -> None:
     server = {(p, r) for p, r, _ in _rules(_schema("modelservers"))}
     assert any(p == ".spec" and "self.default" in r for p, r in pool)
     assert any(p == ".spec" and "exists_one" in r and "members" in r for p, r in pool)
-    for field in ("swapBudget", "minResidency", "maxWait", "reclaimAfter"):
+    for field in ("swapBudget", "minResidency", "maxWait", "reclaimAfter", "idleUnloadAfter"):
         assert any(p == f".spec.{field}" and "duration('0s')" in r for p, r in pool), field
     assert any(p == ".spec.proxy.responseHeaderTimeout" and "duration" in r for p, r in router)
     assert any(p == ".spec.port" and "65535" in r for p, r in server)
@@ -158,7 +158,7 @@ def test_pool_request_has_a_real_schema() -> None:
 def test_crd_duration_pattern_is_the_spec_grammar(text: str) -> None:
     pool = _schema("modelpools")["properties"]["spec"]["properties"]
     router = _schema("modelrouters")["properties"]["spec"]["properties"]["proxy"]["properties"]
-    fields = ("swapBudget", "minResidency", "maxWait", "reclaimAfter")
+    fields = ("swapBudget", "minResidency", "maxWait", "reclaimAfter", "idleUnloadAfter")
     patterns = {pool[f]["pattern"] for f in fields}
     patterns.add(router["responseHeaderTimeout"]["pattern"])
     (pattern,) = patterns
@@ -250,7 +250,9 @@ def test_cluster_role_is_least_privilege() -> None:
     for resource in ("deployments", "services", "configmaps", "serviceaccounts", "roles",
                      "rolebindings"):
         assert {"create", "patch", "delete"} <= {v for _, r, v in granted if r == resource}
-    assert {v for _, r, v in granted if r == "pods"} == {"get", "list", "watch"}
+    # pods: watched, and a swap's prewarm pod created and deleted (spec.prewarm)
+    assert {v for _, r, v in granted if r == "pods"} == {
+        "get", "list", "watch", "create", "patch", "delete"}
 
 
 @pytest.mark.unit

@@ -572,3 +572,45 @@ def test_allow_direct_access_renders_no_policy() -> None:
     spec["allowDirectAccess"] = "yes"
     with pytest.raises(SpecError, match=r"spec\.allowDirectAccess must be a boolean"):
         ModelServerSpec.from_body(body)
+
+
+def test_the_prewarm_pod_reads_the_targets_model_on_the_incumbents_node() -> None:
+    """A short-lived pod, restricted like every pod rendered, with the target's image and
+    its model volume read-only, no GPU and no memory limit (the page cache it fills is
+    charged to it), owned by the pool and gone by the swap's deadline."""
+    spec = body("ModelServer", "gemma", {
+        "runtime": "llamacpp", "image": "ghcr.io/ggml-org/llama.cpp:server",
+        "model": "/models/gemma.gguf", "resources": {"gpu": 1},
+        "storage": {"pvc": "weights", "mountPath": "/models"}})
+    ms = ModelServerSpec.from_body(spec)
+    pod = RENDERER.prewarm_pod(ms, pool="gpu0", pool_uid="uid-pool", node="gpu-node",
+                               deadline=299.5)
+    assert pod is not None
+    assert pod["metadata"]["name"] == "gpu0-prewarm"
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "ModelPool"
+    assert "modelpool.dev/model-server" not in pod["metadata"]["labels"]  # no member pod
+    assert pod["metadata"]["labels"]["modelpool.dev/prewarm-for"] == "gpu0"
+    spec_ = pod["spec"]
+    assert (spec_["nodeName"], spec_["restartPolicy"], spec_["activeDeadlineSeconds"]) == (
+        "gpu-node", "Never", 300)
+    (container,) = spec_["containers"]
+    assert container["image"] == "ghcr.io/ggml-org/llama.cpp:server"
+    assert container["command"][-1] == "/models/gemma.gguf"
+    assert "limits" not in container["resources"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec_["securityContext"]["runAsNonRoot"] is True
+    assert container["volumeMounts"] == [
+        {"name": "models", "mountPath": "/models", "readOnly": True}]
+    assert spec_["volumes"] == [{"name": "models", "persistentVolumeClaim": {
+        "claimName": "weights", "readOnly": True}}]
+    # a model named outside the volume (a directory of files, say): the whole volume
+    elsewhere = ModelServerSpec.from_body(body("ModelServer", "qwen", {
+        "runtime": "vllm", "image": "vllm/vllm-openai", "model": "Qwen/Qwen2.5-7B",
+        "storage": {"hostPath": "/var/lib/models", "mountPath": "/root/.cache"}}))
+    pod = RENDERER.prewarm_pod(elsewhere, pool="p", pool_uid=None, node="n", deadline=1)
+    assert pod is not None and pod["spec"]["containers"][0]["command"][-1] == "/root/.cache"
+    assert pod["spec"]["volumes"][0]["hostPath"] == {"path": "/var/lib/models"}
+    # no volume, nothing to read
+    no_volume = ModelServerSpec.from_body(body("ModelServer", "x", {
+        "runtime": "llamacpp", "image": "i", "model": "/models/x.gguf"}))
+    assert RENDERER.prewarm_pod(no_volume, pool="p", pool_uid=None, node="n", deadline=1) is None

@@ -175,6 +175,7 @@ def test_pool_full() -> None:
                 "minResidency": "30s",
                 "maxWait": "1m30s",
                 "reclaimAfter": "1h",
+                "idleUnloadAfter": "15m",
             },
         )
     )
@@ -182,6 +183,7 @@ def test_pool_full() -> None:
     assert pool.default == "a" and pool.swap_policy == "reclaim"
     assert (pool.swap_budget_seconds, pool.min_residency_seconds) == (120.0, 30.0)
     assert (pool.max_wait_seconds, pool.reclaim_after_seconds) == (90.0, 3600.0)
+    assert pool.idle_unload_after_seconds == 900.0
 
 
 @pytest.mark.parametrize(
@@ -197,6 +199,7 @@ def test_pool_full() -> None:
         ({"members": [{"name": "a"}], "swapBudget": "5 minutes"}, "spec.swapBudget"),
         ({"members": [{"name": "a"}], "maxWait": 30}, "spec.maxWait"),
         ({"members": [{"name": "a"}], "swapPolicy": "fair"}, "spec.maxWait"),
+        ({"members": [{"name": "a"}], "idleUnloadAfter": "0s"}, "spec.idleUnloadAfter"),
         (
             {"members": [{"name": "a"}], "swapPolicy": "reclaim", "default": "a"},
             "spec.reclaimAfter",

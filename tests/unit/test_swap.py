@@ -474,3 +474,94 @@ def test_an_abandoned_swap_scales_its_target_down_in_a_pool_without_a_default() 
     # it stays cold and scales nothing more while b's pod goes
     state, actions = s.step(state, MembersObserved(loading(b=1)), 111.0)
     assert actions == [] and state.swap is None
+
+
+IDLE = replace(CONFIG, idle_unload_after=20.0)
+
+
+def probe_activity(state: PoolState, now: float, verdict: Verdict = Verdict.IDLE,
+                   mark: str = "0:7") -> tuple[PoolState, list[s.Action]]:
+    """Step to `now`, which must be when the resident is probed, and answer the probe."""
+    state, actions = s.step(state, Tick(), now)
+    assert s.ProbeActivity(state.resident or "") in actions, (now, actions)
+    return s.step(state, s.ActivityResult(state.resident or "", verdict, mark), now)
+
+
+def test_idle_unload_probes_every_quarter_and_unloads_a_member_that_served_nothing() -> None:
+    assert IDLE.activity_interval == 5.0
+    assert replace(IDLE, idle_unload_after=3600.0).activity_interval == s.MAX_ACTIVITY_INTERVAL
+    state = resident("b", since=0.0, config=IDLE)
+    state, _ = probe_activity(state, 0.0)  # the first reading: the window starts at 0
+    assert s.next_wakeup(state) == 5.0
+    for now in (5.0, 10.0, 15.0):
+        state, actions = probe_activity(state, now)
+        assert kinds(actions, Scale) == [] and state.resident == "b"
+    state, actions = probe_activity(state, 20.0)
+    assert kinds(actions, Scale) == [Scale("b", 0)]
+    assert [a.reason for a in kinds(actions, EmitEvent)] == [s.IDLE_UNLOADED]
+    assert s.RecordIdleUnload("b") in actions
+    assert state.resident is None and state.idle_unloaded == s.IdleUnload("b", 20.0, 20.0)
+    assert s.phase_of(state) == "Cold" and s.desired_replicas(state) == {"a": 0, "b": 0, "c": 0}
+    # Cold stays Cold: the default is not loaded again, nothing is probed
+    state, actions = s.step(state, MembersObserved(pods()), 21.0)
+    state, more = s.step(state, Tick(), 100.0)
+    assert actions + more == [] and state.swap is None and s.next_wakeup(state) is None
+
+
+@pytest.mark.parametrize(
+    ("verdict", "mark"),
+    [(Verdict.IDLE, "0:8"), (Verdict.BUSY, "0:7"), (Verdict.FAILED, "")],
+    ids=["served", "busy", "probe-failed"],
+)
+def test_activity_or_a_failed_probe_keeps_the_resident(verdict: Verdict, mark: str) -> None:
+    state = resident("b", since=0.0, config=IDLE)
+    state, _ = probe_activity(state, 0.0)
+    state, _ = probe_activity(state, 15.0, verdict, mark)
+    state, actions = probe_activity(state, 20.0, Verdict.IDLE, mark or "0:7")
+    assert kinds(actions, Scale) == [] and state.resident == "b"
+    # activity (or what could not be seen) at 15: a full window from there
+    state, actions = probe_activity(state, 25.0, Verdict.IDLE, mark or "0:7")
+    assert kinds(actions, Scale) == []
+    state, actions = probe_activity(state, 30.0, Verdict.IDLE, mark or "0:7")
+    assert kinds(actions, Scale) == []
+    state, actions = probe_activity(state, 35.0, Verdict.IDLE, mark or "0:7")
+    assert kinds(actions, Scale) == [Scale("b", 0)]
+
+
+def test_a_member_that_can_never_be_probed_is_said_so_once_and_stays() -> None:
+    state = resident("b", since=0.0, config=IDLE)
+    state, actions = probe_activity(state, 0.0, Verdict.UNSUPPORTED, "")
+    assert [a.reason for a in kinds(actions, EmitEvent)] == [s.IDLE_UNLOAD_UNSUPPORTED]
+    state, actions = s.step(state, Tick(), 1000.0)
+    assert actions == [] and state.resident == "b" and s.next_wakeup(state) is None
+
+
+def test_a_request_after_an_idle_unload_waits_for_the_members_own_terminating_pod() -> None:
+    state = resident("b", since=0.0, config=IDLE)
+    state, _ = probe_activity(state, 0.0)
+    state, _ = probe_activity(state, 20.0)
+    assert state.resident is None
+    going = MemberPods(pods={"b": 1}, scheduled={"b": 1}, ready={}, terminating={"b": 1})
+    state, actions = run(state, [(20.5, MembersObserved(going)),
+                                 (21.0, RequestObserved(Request("b", 4)))])
+    assert state.swap is not None and state.swap.phase is Phase.UNLOADING
+    assert state.idle_unloaded is None  # a request ends the Cold of idleness
+    assert Scale("b", 1) not in actions  # its old pod still holds the GPU
+    state, actions = s.step(state, MembersObserved(pods()), 23.0)
+    assert Scale("b", 1) in actions
+
+
+def test_a_swap_stops_the_activity_probes_and_a_new_resident_starts_a_new_window() -> None:
+    state = resident("a", since=0.0, config=IDLE)
+    state, _ = probe_activity(state, 0.0)
+    state, actions = s.step(state, RequestObserved(Request("b", 1)), 12.0)
+    assert state.activity is None and actions[-1] == ProbeIdle("a")
+    state, actions = run(state, [(13.0, IdleResult("a", Verdict.IDLE)),
+                                 (14.0, MembersObserved(pods())),
+                                 (16.0, MembersObserved(pods(b=1)))])
+    assert state.resident == "b" and actions[-1] == s.ProbeActivity("b")
+    state, actions = s.step(state, s.ActivityResult("b", Verdict.IDLE, "0:7"), 16.0)
+    state, actions = probe_activity(state, 31.0)
+    assert kinds(actions, Scale) == []  # b's window began at 16
+    state, actions = probe_activity(state, 36.0)
+    assert kinds(actions, Scale) == [Scale("b", 0)]

@@ -10,7 +10,6 @@ status-only change of a pool (a router's request, our own write) wakes only the 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from reconciler.controller import POOL, ROUTER, SERVER, Controller, Key
 from reconciler.idle import IdleCheck
 from reconciler.kube import Kube, KubeError, Resource
 from reconciler.metrics import ReconcilerMetrics
+from reconciler.probes import Reading
 from reconciler.render import Renderer
 from reconciler.settings import Settings
 from reconciler.workqueue import WorkQueue
@@ -54,6 +54,10 @@ class FakeKube(Kube):
         self.calls.append(("apply", body["kind"], meta["name"]))
         return self._echo(body, body["kind"], meta["namespace"], meta["name"])
 
+    async def delete(self, resource: Resource, namespace: str | None, name: str,
+                     uid: str | None = None) -> None:
+        self.calls.append(("delete", resource.kind, name))
+
     async def merge_patch_status(self, resource: Resource, namespace: str, name: str,
                                  status: Any) -> dict[str, Any]:
         await asyncio.sleep(0)  # a write takes a while: what runs beside it runs now
@@ -69,11 +73,18 @@ class FakeKube(Kube):
 class FakeProbe:
     def __init__(self, kube: FakeKube) -> None:
         self.kube = kube
+        self.mark = "0:1"
 
     async def probe(self, check: IdleCheck, addresses: Sequence[tuple[str, int]]
                     ) -> tuple[s.Verdict, str]:
         self.kube.calls.append(("probe", str(check.method), ",".join(a for a, _ in addresses)))
         return s.Verdict.IDLE, ""
+
+    async def activity(self, check: IdleCheck, addresses: Sequence[tuple[str, int]]
+                       ) -> Reading:
+        self.kube.calls.append(("activity", str(check.method),
+                                ",".join(a for a, _ in addresses)))
+        return Reading(s.Verdict.IDLE, "", self.mark)
 
 
 def server(name: str) -> dict[str, Any]:
@@ -135,6 +146,19 @@ def config() -> s.PoolConfig:
     return s.PoolConfig(members=("a", "b"), default="a", swap_budget=300.0)
 
 
+def draining_a_to_b(c: Controller) -> None:
+    """A swap a -> b for request 3, draining a (its Deployment at 1, its idle probe out)."""
+    c.deployments.cache[(NS, "a")] = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"namespace": NS, "name": "a", "resourceVersion": "1"},
+        "spec": {"replicas": 1}}
+    draining = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.DRAINING,
+                      started=NOW - 1, phase_started=NOW - 1, probe_in_flight=True)
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, request=s.Request("b", 3), resident="a",
+        resident_since=NOW - 60, swap=draining, observed=s.MemberPods(pods={"a": 1}))
+
+
 def queued(c: Controller) -> set[Key]:
     keys = set()
     while len(c.queue):
@@ -167,15 +191,7 @@ async def test_the_target_is_scaled_up_before_the_pool_status_is_written() -> No
 async def test_the_incumbent_is_scaled_down_before_the_pool_status_is_written() -> None:
     kube = FakeKube()
     c = controller(kube, [pod("a")])
-    c.deployments.cache[(NS, "a")] = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"namespace": NS, "name": "a", "resourceVersion": "1"},
-        "spec": {"replicas": 1}}
-    draining = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.DRAINING,
-                      started=NOW - 1, phase_started=NOW - 1, probe_in_flight=True)
-    c.pool_states[(NS, "slot")] = s.PoolState(
-        config=config(), generation=1, request=s.Request("b", 3), resident="a",
-        resident_since=NOW - 60, swap=draining, observed=s.MemberPods(pods={"a": 1}))
+    draining_a_to_b(c)
     c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
     await c.reconcile_pool(NS, "slot")
     scale_down = index(kube.calls, ("apply", "Deployment", "a"))
@@ -239,25 +255,31 @@ async def test_a_pool_seen_for_the_first_time_wakes_the_members_it_wants_scaled(
     assert Key(SERVER, NS, "a") not in queued(c)
 
 
-@pytest.mark.parametrize(("age", "phase", "reason", "warned"), [
-    (1.0, "Cold", "WaitingForMembers", False),  # applied a moment ago, with its members
-    (60.0, "Degraded", "MemberNotFound", True),
+@pytest.mark.parametrize(("seen_for", "status", "phase", "reason", "warned"), [
+    # this spec seen a moment ago (applied with its members, or a change that adds one)
+    (1.0, {}, "Cold", "WaitingForMembers", False),
+    # seen long enough: stalled, and said so once
+    (60.0, {}, "Degraded", "MemberNotFound", True),
+    # judged before (a restarted reconciler): stalled at once, no wait
+    (0.0, {"observedGeneration": 1, "phase": "Degraded", "conditions": [
+        {"type": "Stalled", "status": "True", "reason": "MemberNotFound", "message": "b",
+         "lastTransitionTime": "2026-11-30T10:00:00Z", "observedGeneration": 1}]},
+     "Degraded", "MemberNotFound", True),
 ])
-async def test_a_pool_whose_member_is_missing_is_stalled_only_once_it_is_not_new(
-    age: float, phase: str, reason: str, warned: bool
+async def test_a_pool_whose_member_is_missing_is_stalled_only_once_it_had_time_to_arrive(
+    seen_for: float, status: dict[str, Any], phase: str, reason: str, warned: bool
 ) -> None:
     kube = FakeKube()
     c = controller(kube)
     del c.servers.cache[(NS, "b")]
-    body = pool_body()
-    body["metadata"]["creationTimestamp"] = time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - age))
-    c.pools.cache[(NS, "slot")] = body
+    c.pools.cache[(NS, "slot")] = pool_body(status)
+    if seen_for:
+        c._first_seen[Key(POOL, NS, "slot")] = (1, NOW - seen_for)
     await c.reconcile_pool(NS, "slot")
     await asyncio.wait_for(asyncio.gather(*c._probes), 5)  # the Events, posted beside it
-    status = c.pools.cache[(NS, "slot")]["status"]
-    assert status["phase"] == phase
-    reasons = {x["type"]: x["reason"] for x in status["conditions"] if x["status"] == "True"}
+    written = c.pools.cache[(NS, "slot")]["status"]  # what the status patch wrote
+    assert written.get("phase", status.get("phase")) == phase
+    reasons = {x["type"]: x["reason"] for x in written["conditions"] if x["status"] == "True"}
     assert reason in reasons.values()
     assert (("event", "MemberNotFound", "slot") in kube.calls) is warned
 
@@ -329,6 +351,10 @@ class RaisingProbe:
                     ) -> tuple[s.Verdict, str]:
         raise RuntimeError("the probe itself broke")
 
+    async def activity(self, check: IdleCheck, addresses: Sequence[tuple[str, int]]
+                       ) -> Reading:
+        raise RuntimeError("the probe itself broke")
+
 
 async def test_an_idle_probe_that_raises_fails_closed() -> None:
     kube = FakeKube()
@@ -357,3 +383,49 @@ async def test_an_idle_probe_that_raises_fails_closed() -> None:
     assert s.desired_replicas(state) == {"a": 1, "b": 0}
     assert ("apply", "Deployment", "b") not in kube.calls
     assert state.resident == "a"
+
+
+def stored(name: str) -> dict[str, Any]:
+    body = server(name)
+    body["spec"]["storage"] = {"pvc": "weights", "mountPath": "/models"}
+    return body
+
+
+async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_target_loads(
+) -> None:
+    """spec.prewarm: the pod that reads b's weights is applied once the swap drains a, on
+    a's node, and deleted in the step that scales b up; once, not on every reconcile."""
+    kube = FakeKube()
+    c = controller(kube, [pod("a")])
+    c.servers.cache[(NS, "b")] = stored("b")
+    draining_a_to_b(c)
+    body = pool_body({"request": {"member": "b", "generation": 3}})
+    body["metadata"]["resourceVersion"] = "1000000"  # the echoes of status writes carry no spec
+    c.pools.cache[(NS, "slot")] = body
+    await c.reconcile_pool(NS, "slot")
+    assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1
+    await c.reconcile_pool(NS, "slot")
+    assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1  # once per swap
+    # the incumbent's pod is gone: the swap scales b up, and the prewarm pod goes
+    del c.pods.cache[(NS, "a-1")]
+    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    await c.reconcile_pool(NS, "slot")
+    await c.reconcile_pool(NS, "slot")
+    state = c.pool_states[(NS, "slot")]
+    assert state.swap is not None and state.swap.phase is s.Phase.LOADING
+    assert index(kube.calls, ("delete", "Pod", "slot-prewarm")) > index(
+        kube.calls, ("apply", "Pod", "slot-prewarm"))
+
+
+async def test_no_prewarm_without_a_model_volume_or_when_the_pool_turns_it_off() -> None:
+    for storage, prewarm in ((False, True), (True, False)):
+        kube = FakeKube()
+        c = controller(kube, [pod("a")])
+        if storage:
+            c.servers.cache[(NS, "b")] = stored("b")
+        body = pool_body({"request": {"member": "b", "generation": 3}})
+        body["spec"]["prewarm"] = prewarm
+        c.pools.cache[(NS, "slot")] = body
+        draining_a_to_b(c)
+        await c.reconcile_pool(NS, "slot")
+        assert not [call for call in kube.calls if call[1] == "Pod"], (storage, prewarm)

@@ -21,32 +21,46 @@ BUDGET = 60.0
 
 
 @dataclass
+class FakePod:
+    created_at: float
+    terminating_since: float | None = None
+
+
+@dataclass
 class FakeMember:
-    """One member's pods: created, scheduled, Ready after a load time, gone after a grace."""
+    """One member's Deployment: a pod created whenever replicas is 1 and no pod is live
+    (a terminating one does not count, as for a ReplicaSet), Ready after a load time,
+    gone a grace after it was told to terminate."""
 
     replicas: int = 0
-    created_at: float | None = None
-    terminating_since: float | None = None
+    pods: list[FakePod] = field(default_factory=list)
     load_time: float = 3.0
     never_ready: bool = False
 
     def advance(self, now: float, grace: float) -> None:
-        if self.replicas == 0 and self.created_at is not None and self.terminating_since is None:
-            self.terminating_since = now
-        if self.terminating_since is not None and now - self.terminating_since >= grace:
-            self.created_at = self.terminating_since = None
-        if self.replicas == 1 and self.created_at is None:
-            self.created_at = now
+        for pod in self.pods:
+            if self.replicas == 0 and pod.terminating_since is None:
+                pod.terminating_since = now
+        self.pods = [p for p in self.pods
+                     if p.terminating_since is None or now - p.terminating_since < grace]
+        if self.replicas == 1 and not any(p.terminating_since is None for p in self.pods):
+            self.pods.append(FakePod(now))
 
     def exists(self) -> bool:
-        return self.created_at is not None
+        return bool(self.pods)
+
+    def count(self) -> int:
+        return len(self.pods)
+
+    def terminating(self) -> int:
+        return sum(1 for p in self.pods if p.terminating_since is not None)
 
     def ready(self, now: float) -> bool:
-        return (
-            self.created_at is not None
-            and self.terminating_since is None
+        return any(
+            p.terminating_since is None
             and not self.never_ready
-            and now - self.created_at >= self.load_time
+            and now - p.created_at >= self.load_time
+            for p in self.pods
         )
 
 
@@ -58,9 +72,10 @@ class Sim:
     generation: int = 0
 
     def observed(self) -> s.MemberPods:
-        pods = {m: 1 for m, f in self.members.items() if f.exists()}
+        pods = {m: f.count() for m, f in self.members.items() if f.exists()}
         ready = {m: 1 for m, f in self.members.items() if f.ready(self.now)}
-        return s.MemberPods(pods=pods, scheduled=pods, ready=ready)
+        terminating = {m: f.terminating() for m, f in self.members.items() if f.terminating()}
+        return s.MemberPods(pods=pods, scheduled=pods, ready=ready, terminating=terminating)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -76,13 +91,15 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
         probe_interval=1.0,
         policy=rng.choice(["sticky", "reclaim"]),
         reclaim_after=rng.choice([10.0, 40.0]),
+        idle_unload_after=rng.choice([None, 6.0, 30.0]),
     )
     state = s.PoolState(config=config)
     pending_probe: str | None = None
+    pending_activity: str | None = None
     request: s.Request | None = None
 
     def feed(event: s.Event) -> None:
-        nonlocal state, pending_probe
+        nonlocal state, pending_probe, pending_activity
         state, actions = s.step(state, event, sim.now)
         wanted = s.desired_replicas(state)
         assert wanted is not None
@@ -92,6 +109,8 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
         for action in actions:
             if isinstance(action, s.ProbeIdle):
                 pending_probe = action.member
+            if isinstance(action, s.ProbeActivity):
+                pending_activity = action.member
             if isinstance(action, s.ClearRequest):
                 clear(action.generation)
         for member, replicas in wanted.items():
@@ -111,7 +130,7 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
         sim.now = round(sim.now + 0.5, 3)
         for fake in sim.members.values():
             fake.advance(sim.now, grace=rng.choice([0.5, 2.0]))
-        assert sum(f.exists() for f in sim.members.values()) <= 1, sim.members
+        assert sum(f.count() for f in sim.members.values()) <= 1, sim.members
         feed(s.MembersObserved(sim.observed()))
         roll = rng.random()
         if roll < 0.02:
@@ -124,6 +143,12 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
             )[0]
             member, pending_probe = pending_probe, None
             feed(s.IdleResult(member, verdict))
+        if pending_activity is not None and rng.random() < 0.5:
+            verdict = rng.choices(
+                [s.Verdict.IDLE, s.Verdict.BUSY, s.Verdict.FAILED], weights=[8, 1, 1]
+            )[0]
+            member, pending_activity = pending_activity, None
+            feed(s.ActivityResult(member, verdict, mark=rng.choice(["1", "1", "1", "2"])))
         feed(s.Tick())
 
     # left alone with idle probes, the pool settles: no swap runs, at most one resident
@@ -135,7 +160,13 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
         if pending_probe is not None:
             member, pending_probe = pending_probe, None
             feed(s.IdleResult(member, s.Verdict.IDLE))
+        if pending_activity is not None:
+            member, pending_activity = pending_activity, None
+            feed(s.ActivityResult(member, s.Verdict.IDLE, mark="same"))
         feed(s.Tick())
+    if config.idle_unload_after is not None and state.swap is None:
+        # idle 200 s: whatever was resident went, and nothing (not the default) came back
+        assert state.resident is None and not any(f.exists() for f in sim.members.values())
     if config.policy == "reclaim":
         return  # a reclaim may be starting again: the invariants above are what counts
     assert state.swap is None or sim.members[state.swap.to].never_ready

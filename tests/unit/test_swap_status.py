@@ -123,3 +123,32 @@ def test_a_target_the_scheduler_refuses_shows_in_ready_and_reconciling() -> None
     state, _ = s.step(state, s.MembersObserved(placed), T0 + 2)
     conditions = {c["type"]: c for c in ps.pool_status(state, None, T0 + 2)["conditions"]}
     assert conditions["Reconciling"]["reason"] == "Swapping"
+
+
+def test_a_pool_cold_for_idleness_says_why_is_ready_and_stays_cold_after_a_restart() -> None:
+    config = replace(CONFIG, idle_unload_after=300.0)
+    state = s.PoolState(
+        config=config, generation=2, resident="b", resident_since=T0,
+        observed=s.MemberPods(pods={"b": 1}, scheduled={"b": 1}, ready={"b": 1}))
+    state, actions = s.step(state, s.Tick(), T0)
+    assert actions == [s.ProbeActivity("b")]
+    state, _ = s.step(state, s.ActivityResult("b", s.Verdict.IDLE, "0:3"), T0)
+    for at in range(15, 301, 15):
+        state, _ = s.step(state, s.Tick(), T0 + at)
+        state, _ = s.step(state, s.ActivityResult("b", s.Verdict.IDLE, "0:3"), T0 + at)
+    assert state.resident is None
+    status = ps.pool_status(state, None, T0 + 300)
+    assert status["phase"] == "Cold" and status["residentMember"] is None
+    assert status["idleUnloaded"] == {
+        "member": "b", "time": "2027-01-15T08:05:00Z", "idleSeconds": 300.0}
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", s.IDLE_UNLOADED)
+    assert "b served nothing for 300s" in ready["message"]
+    # a new leader reads it back: Cold for idleness, so the default is not loaded
+    restored = ps.restore(config, 2, status)
+    assert restored.idle_unloaded == state.idle_unloaded
+    restored, actions = s.step(restored, s.MembersObserved(s.MemberPods()), T0 + 400)
+    assert actions == [] and restored.swap is None
+    # and a request ends it: the field goes
+    restored, _ = s.step(restored, s.RequestObserved(s.Request("b", 9)), T0 + 401)
+    assert ps.pool_status(restored, status, T0 + 401)["idleUnloaded"] is None

@@ -1,0 +1,3 @@
+module modelpool.dev/benchmarks/streamload
+
+go 1.26

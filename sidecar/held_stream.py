@@ -1,0 +1,112 @@
+"""A `stream: true` request held through a swap: its response starts at once and stays
+alive.
+
+Idle timeouts of clients, proxies and load balancers (often 60 s) would otherwise cut a
+hold that `swapBudget` allows. So once a streamed request has waited `HOLD_NOTICE_AFTER`
+for its member, the router answers 200 with `text/event-stream` headers and writes an SSE
+comment every `interval` seconds:
+
+    : loading gemma, 12 s, swap phase Loading
+
+SSE parsers, the `openai` SDK's among them, skip comment lines. With the router config's
+`heldStreamProgress: content` (the ModelRouter's `spec.proxy.heldStreamProgress: Content`,
+for chat UIs) the same words are a visible delta instead. When the member is ready,
+the upstream's events follow in the same response. A failure after the headers went out
+(the swap abandoned, the upstream's own error answer) arrives as one OpenAI-shaped error
+event, `data: {"error": {...}}`, which the SDK raises as an `APIError`, and the stream
+ends. Requests that are not streamed are held as before, with no early answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from aiohttp import web
+
+# A member that answers within this is not held: its stream starts as the upstream's does.
+HOLD_NOTICE_AFTER = 0.1
+
+T = TypeVar("T")
+
+
+def sse_event(body: Mapping[str, object]) -> bytes:
+    """`body` as one server-sent event."""
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+class HeldStream:
+    """The early response of one streamed request, once it is held."""
+
+    def __init__(self, request: web.Request, what: str, interval: float,
+                 progress: Callable[[], str], *, as_content: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
+        self._request = request
+        self._what = what
+        self._interval = interval
+        self._progress = progress
+        self._as_content = as_content
+        self._clock = clock
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
+
+    async def hold(self, entering: Awaitable[T]) -> T:
+        """`entering` (the activator's acquire), keeping the stream alive while it waits."""
+        task = asyncio.ensure_future(entering)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=HOLD_NOTICE_AFTER)
+            since = self._clock()
+            while not done:
+                await self._comment(since)
+                done, _ = await asyncio.wait({task}, timeout=self._interval)
+            return task.result()
+        except BaseException:
+            task.cancel()
+            raise
+
+    async def _comment(self, since: float) -> None:
+        if self.response is None:
+            response = web.StreamResponse(status=200, headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",  # nginx in front: pass the comments on at once
+                "X-Modelpool-Backend": self._what,  # sidecar.fallback.ANSWERED_BY
+            })
+            await response.prepare(self._request)
+            self.response = response
+        waited = self._clock() - since + HOLD_NOTICE_AFTER
+        text = f"loading {self._what}, {waited:.0f} s, {self._progress()}"
+        if self._as_content:
+            await self.response.write(self._delta(text + "\n"))
+        else:
+            await self.response.write(f": {text}\n\n".encode())
+
+    def _delta(self, text: str) -> bytes:
+        """`text` as a visible chunk of the kind the request streams (chat or text)."""
+        created = int(time.time())
+        if self._request.path.endswith("/chat/completions"):
+            chunk: dict[str, object] = {
+                "id": "modelpool-hold", "object": "chat.completion.chunk", "created": created,
+                "model": self._what,
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+        else:
+            chunk = {"id": "modelpool-hold", "object": "text_completion", "created": created,
+                     "model": self._what,
+                     "choices": [{"index": 0, "text": text, "finish_reason": None}]}
+        return sse_event(chunk)
+
+    async def error(self, body: Mapping[str, object]) -> web.StreamResponse:
+        """End the started stream with `body` (OpenAI error JSON) as its last event."""
+        assert self.response is not None
+        try:
+            await self.response.write(sse_event(body))
+            await self.response.write_eof()
+        except ConnectionError:
+            pass  # the client is gone; nothing is left to tell
+        return self.response
