@@ -194,6 +194,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         # Called if the server closes this connection while it waits in the pool.
         self.on_idle_close: Callable[[_Connection], None] | None = None
+        # Whether it served an exchange before the current one (it came from the pool).
+        self.reused = False
         self._reset()
 
     def _reset(self) -> None:
@@ -201,6 +203,7 @@ class _Connection(asyncio.Protocol):
         self.reason = ""
         self.headers: list[tuple[bytes, bytes]] = []
         self.reusable = False
+        self.heard = False  # any byte of an answer to the current request
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._done = False
@@ -216,6 +219,7 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -369,14 +373,16 @@ class Client:
                 self._endpoints = {base_url: known}
         return known
 
-    async def open(self, endpoint: _Endpoint) -> _Connection:
-        """A pooled connection to `endpoint`, or a new one."""
+    async def open(self, endpoint: _Endpoint, *, fresh: bool = False) -> _Connection:
+        """A pooled connection to `endpoint` (its `reused` set), or a new one; only a new
+        one when `fresh`."""
         loop = asyncio.get_running_loop()
-        idle = self._idle.get(endpoint.base_url)
+        idle = None if fresh else self._idle.get(endpoint.base_url)
         while idle:
             conn = idle.pop()
             conn.on_idle_close = None
             if conn.transport is not None and loop.time() - conn.idle_since < self._keepalive:
+                conn.reused = True
                 return conn
             conn.close()
         if idle is not None:
@@ -543,12 +549,28 @@ async def forward(
         headers,
         len(body),
     )
+    request_bytes = [head, body] if len(body) > 16 * 1024 else [head + body]
     conn = await client.open(endpoint)
     finished = False
     try:
-        conn.send([head, body] if len(body) > 16 * 1024 else [head + body])
+        conn.send(request_bytes)
         # Starts now, with the member resident: a hold never eats into it.
-        await conn.head(read_timeout)
+        try:
+            await conn.head(read_timeout)
+        except Disconnected:
+            if not conn.reused or conn.heard:
+                raise
+            # The keep-alive race: a server closes an idle connection when its own
+            # keep-alive timeout ends (llama-server's is 5 s), and a request that went
+            # out on it at that moment is never read. Closed with no byte of an answer,
+            # a pooled connection is taken for that: the request goes once more on a new
+            # connection, and a new one that fails the same way is a real failure.
+            logger.debug("pooled connection to %s closed unanswered; sending again",
+                         base_url)
+            conn.close()
+            conn = await client.open(endpoint, fresh=True)
+            conn.send(request_bytes)
+            await conn.head(read_timeout)
         if started is not None:
             relay = await _relay_into(request, conn, started, read_timeout, on_first_chunk)
             finished = relay.upstream_failure is None and not relay.client_gone

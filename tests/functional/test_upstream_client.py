@@ -289,3 +289,57 @@ def test_an_absolute_form_target_is_sent_on_as_path_and_query(on_loop: OnLoop) -
         assert proxy.raw.seen[0].head.startswith(b"POST /v1/completions?a=1 HTTP/1.1\r\n")
 
     on_loop(check)
+
+
+def answer_once_then(raw: RawUpstream, last_words: bytes) -> Script:
+    """Answers the first request; after it, writes `last_words` and closes the connection."""
+    return lambda seen: (reply(), False) if len(raw.seen) == 1 else (last_words, True)
+
+
+def test_a_pooled_connection_closed_unanswered_is_replaced_by_a_new_one(
+    on_loop: OnLoop,
+) -> None:
+    async def check(proxy: Proxy) -> None:
+        # The first connection answers once, then closes on the next request unanswered.
+        proxy.raw.script = lambda seen: (
+            (reply(), False) if seen.connection > 1 or len(proxy.raw.seen) == 1 else (b"", True)
+        )
+        assert await proxy.post(BODY) == (200, OK)
+        assert await proxy.post(BODY) == (200, OK)
+        assert [s.connection for s in proxy.raw.seen] == [1, 1, 2]
+        assert [s.body for s in proxy.raw.seen] == [BODY] * 3
+        assert proxy.errors("disconnect") == 0
+
+    on_loop(check)
+
+
+def test_a_request_is_sent_again_only_once_and_never_after_a_new_connection_failed(
+    on_loop: OnLoop,
+) -> None:
+    async def check(proxy: Proxy) -> None:
+        # After the first answer every request is read and its connection closed.
+        proxy.raw.script = answer_once_then(proxy.raw, b"")
+        assert await proxy.post(BODY) == (200, OK)
+        status, body = await proxy.post(BODY)
+        assert status == 502, body
+        # On the pooled connection, then once on a new one: no more.
+        assert [s.connection for s in proxy.raw.seen] == [1, 1, 2]
+        # A new connection closed unanswered is not sent again.
+        status, _ = await proxy.post(BODY)
+        assert status == 502
+        # (Connection 3 was the router's check that the server still accepts connections.)
+        assert [s.connection for s in proxy.raw.seen] == [1, 1, 2, 4]
+        assert proxy.errors("disconnect") == 2
+
+    on_loop(check)
+
+
+def test_a_pooled_connection_that_broke_mid_answer_is_not_sent_again(on_loop: OnLoop) -> None:
+    async def check(proxy: Proxy) -> None:
+        proxy.raw.script = answer_once_then(proxy.raw, b"HTTP/1.1 200 OK\r\nContent-Le")
+        assert await proxy.post(BODY) == (200, OK)
+        status, _ = await proxy.post(BODY)
+        assert status == 502
+        assert [s.connection for s in proxy.raw.seen] == [1, 1]
+
+    on_loop(check)
