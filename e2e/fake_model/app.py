@@ -9,6 +9,8 @@ wait) lives in one ``ServerState`` held by the application.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import heapq
 import json
 import logging
@@ -40,40 +42,63 @@ CONTEXT_SIZE = 4096
 
 
 class SlotTable:
-    """``size`` slots; a request holds one while it generates, the rest wait in order."""
+    """``size`` slots; a request holds one while it generates, the rest wait in order.
+
+    As llama.cpp: a freed slot passes straight to the first waiting request, in the same
+    step, so ``/slots`` never reads idle while a request is still waiting for a slot."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._free = list(range(size))
-        self._released = asyncio.Condition()
+        self._waiters: collections.deque[asyncio.Future[int]] = collections.deque()
         self.busy: set[int] = set()
-        self.waiting = 0
         # As llama.cpp: every generation is a task with the next id of one counter, and a
         # slot keeps showing the id of its last task once it is done (none before its first).
         self._tasks = 0
         self.task_of: dict[int, int] = {}
         self.served = 0  # generations finished (vLLM's request_success_total)
 
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
+
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[int]:
-        async with self._released:
-            self.waiting += 1
-            try:
-                await self._released.wait_for(lambda: bool(self._free))
-            finally:
-                self.waiting -= 1
+        if self._free and not self._waiters:
             slot = heapq.heappop(self._free)
-            self.busy.add(slot)
-            self._tasks += 1
-            self.task_of[slot] = self._tasks
+            self._assign(slot)
+        else:
+            handed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._waiters.append(handed)
+            try:
+                slot = await handed
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():
+                    self._release(handed.result())  # handed a slot as it was cancelled
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(handed)
+                raise
         try:
             yield slot
         finally:
-            async with self._released:
-                self.busy.discard(slot)
-                self.served += 1
-                heapq.heappush(self._free, slot)
-                self._released.notify()
+            self.served += 1
+            self._release(slot)
+
+    def _assign(self, slot: int) -> None:
+        self.busy.add(slot)
+        self._tasks += 1
+        self.task_of[slot] = self._tasks
+
+    def _release(self, slot: int) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a cancelled waiter is skipped
+                self._assign(slot)  # busy throughout: the next task has it at once
+                waiter.set_result(slot)
+                return
+        self.busy.discard(slot)
+        heapq.heappush(self._free, slot)
 
 
 class ServerState:
