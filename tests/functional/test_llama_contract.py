@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.fake_model.harness import free_port, run_fake_model
 from e2e.llama import models
@@ -70,7 +71,7 @@ async def real_server(model: Path, log: Path) -> AsyncIterator[Server]:
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
             str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-c", "2048", "-np", str(SLOTS), stdout=out, stderr=subprocess.STDOUT)
+            "-c", "2048", "-np", str(SLOTS), "--metrics", stdout=out, stderr=subprocess.STDOUT)
     try:
         await _healthy(f"http://127.0.0.1:{port}", process)
         yield Server("real", f"http://127.0.0.1:{port}", str(model))
@@ -137,27 +138,43 @@ async def test_requests_queued_behind_busy_slots_keep_a_slot_processing(server: 
     does not list; the drain is safe only if no slot reads idle while a request is still to
     be generated (llama.cpp hands a freed slot to the queued request before it answers
     `/slots`). A reading of idle followed by one of busy is that gap; idle after the last
-    generation, before its reply reaches the client, is not."""
-    async with client(server) as c:
-        running = [asyncio.create_task(c.completions.create(
-            model=NAME, prompt="the pool", max_tokens=600)) for _ in range(SLOTS + 1)]
-        busy: list[bool] = []
-        while not all(task.done() for task in running):
-            _, slots = await get_json(server.base_url + "/slots")
-            assert isinstance(slots, list)
-            if any(s["is_processing"] for s in slots):
-                busy.append(True)
-                break
-        while not all(task.done() for task in running):
-            _, slots = await get_json(server.base_url + "/slots")
-            assert isinstance(slots, list)
-            busy.append(any(s["is_processing"] for s in slots))
-        replies = await asyncio.gather(*running)
-    assert [r.usage.completion_tokens if r.usage else None for r in replies] == [600] * 3
+    generation, before its reply reaches the client, is not. Readings count only once the
+    server says a request waits (`requests_deferred`): a request that reached it after a
+    slot was free again never waited, and an attempt where none waited is made again."""
+    for _attempt in range(5):
+        async with client(server) as c:
+            running = [asyncio.create_task(c.completions.create(
+                model=NAME, prompt="the pool", max_tokens=600)) for _ in range(SLOTS + 1)]
+            busy: list[bool] = []
+            queued = False
+            while not all(task.done() for task in running):
+                if not queued:
+                    queued = await deferred(server) > 0
+                    continue
+                _, slots = await get_json(server.base_url + "/slots")
+                assert isinstance(slots, list)
+                busy.append(any(s["is_processing"] for s in slots))
+            replies = await asyncio.gather(*running)
+        assert [r.usage.completion_tokens if r.usage else None for r in replies] == [600] * 3
+        if queued:
+            break
+    assert queued, "in 5 attempts no request ever waited for a slot"
     assert len(busy) > 10, f"only {len(busy)} samples: the generations ended too soon to judge"
     first_idle = busy.index(False) if False in busy else len(busy)
     assert not any(busy[first_idle:]), (
         f"sample {first_idle} of {len(busy)} read idle while a queued request waited")
+
+
+async def deferred(server: Server) -> float:
+    """`llamacpp:requests_deferred` from the server's /metrics (Prometheus' own parser)."""
+    async with aiohttp.ClientSession() as http, http.get(server.base_url + "/metrics") as r:
+        assert r.status == 200, r.status
+        text = await r.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "llamacpp:requests_deferred":
+                return sample.value
+    raise AssertionError("no llamacpp:requests_deferred in /metrics")
 
 
 def _tasks(slots: object) -> list[object]:
