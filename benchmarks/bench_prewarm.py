@@ -8,10 +8,12 @@ restricted namespace admits a PVC, never a hostPath). Each round, for prewarm on
 alternating order: the pool's spec.prewarm is set, the page cache is dropped (`echo 3 >
 /proc/sys/vm/drop_caches`: kind's nodes share this machine's kernel, so as root this drops
 theirs), and a request for the member that is not resident is timed from its sending to its
-first byte. With prewarm, a pod on the incumbent's node reads the target's file while the
-incumbent drains and unloads, so llama-server's load reads memory.
+first event. With prewarm, a pod on the incumbent's node reads the target's file while the
+incumbent drains and unloads, so llama-server's load reads memory. With `--drain-tokens N`
+a streamed generation of N tokens is in flight on the incumbent when the swap is asked for,
+so the swap drains it first (the case prewarm is for: a drain to read during).
 
-    .venv/bin/python benchmarks/bench_prewarm.py --rounds 5
+    .venv/bin/python benchmarks/bench_prewarm.py --rounds 5 [--drain-tokens 64]
 """
 
 from __future__ import annotations
@@ -69,6 +71,23 @@ def place_models(size: str) -> int:
     return total
 
 
+async def in_flight(session: aiohttp.ClientSession, url: str, model: str, tokens: int,
+                    started: asyncio.Event) -> float:
+    """A streamed generation of `tokens` on `model`; `started` is set at its first event.
+    When it ended (time.monotonic)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": tokens, "stream": True}
+    first = None
+    async with session.post(url + "/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if first is None and line.startswith(b"data:"):
+                first = time.monotonic()
+                started.set()
+    assert first is not None, "the generation in flight sent no event"
+    return time.monotonic()
+
+
 def member(name: str) -> harness.Json:
     server = harness.fake_member(name)
     server["spec"].update(image="modelpool/llama-server:e2e", model=f"/weights/{name}.gguf",
@@ -81,6 +100,9 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size", default="xlarge", choices=sorted(models.SIZES))
+    parser.add_argument("--drain-tokens", type=int, default=0,
+                        help="a generation of this many tokens in flight on the incumbent "
+                             "when the swap is asked for (0: none)")
     args = parser.parse_args()
     kubectl = Kubectl(kubeconfig(), shutil.which("kubectl") or "kubectl")
     ns = f"bench-prewarm-{secrets.token_hex(3)}"
@@ -102,6 +124,7 @@ async def main() -> int:
         harness.wait_pool_ready(kubectl, ns, "swap", a, 300.0)
         url = harness.base_url(pod)
         samples: dict[bool, list[float]] = {True: [], False: []}
+        drains: list[float] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
             await first_byte(s, url, a)
             resident = a
@@ -113,8 +136,19 @@ async def main() -> int:
                     await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, "swap",
                                             resident, 60.0)
                     target = b if resident == a else a
+                    busy = None
+                    if args.drain_tokens:
+                        started = asyncio.Event()
+                        busy = asyncio.create_task(
+                            in_flight(s, url, resident, args.drain_tokens, started))
+                        await started.wait()
+                    # The target's file leaves the page cache; the incumbent's mapped
+                    # weights stay (drop_caches keeps mapped pages).
                     drop_caches()
+                    asked = time.monotonic()
                     samples[prewarm].append(await first_byte(s, url, target))
+                    if busy is not None:
+                        drains.append(await busy - asked)
                     resident = target
                     await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, "swap",
                                             resident, 120.0)
@@ -125,7 +159,10 @@ async def main() -> int:
         load = os.getloadavg()[0]
         print(f"swap time to first byte, real llama-server members, {size / 1e6:.0f} MB of "
               f"models ({args.size}), page cache dropped before each swap, {args.rounds} "
-              f"rounds alternated, load average {load:.1f}, {time.strftime('%Y-%m-%d %H:%M')}:")
+              f"rounds alternated, load average {load:.1f}, {time.strftime('%Y-%m-%d %H:%M')}"
+              + (f", a generation of {args.drain_tokens} tokens in flight on the incumbent "
+                 f"(it ran on for a median {statistics.median(drains):.2f}s after the swap was "
+                 "asked for)" if drains else "") + ":")
         print("| prewarm | n | p50 | mean | min | max |")
         print("| --- | --- | --- | --- | --- | --- |")
         for prewarm in (False, True):

@@ -170,16 +170,23 @@ def stop_cold_member(kubectl: Kubectl, namespace: str, member: str) -> harness.P
 
 
 async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> float:
-    """Seconds from sending a streamed request to its first body byte; reads it to the end."""
+    """Seconds from sending a streamed request to the first event of the model's answer;
+    reads it to the end. A held stream's comments (": loading ...", sent while the swap
+    runs) come before that event and are not counted as it."""
     body = {"model": model, "messages": [{"role": "user", "content": "bench"}],
             "stream": True, "max_tokens": 2}
     start = time.monotonic()
+    elapsed = None
     async with session.post(url, json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"{model}: HTTP {response.status}: {await response.text()}")
-        await response.content.readany()
-        elapsed = time.monotonic() - start
+        async for line in response.content:
+            if line.startswith(b"data:"):
+                elapsed = time.monotonic() - start
+                break
         await response.read()
+    if elapsed is None:
+        raise RuntimeError(f"{model}: the stream ended without an event")
     return elapsed
 
 

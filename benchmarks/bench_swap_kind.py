@@ -32,7 +32,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks import bench_swap  # noqa: E402
 from e2e import harness  # noqa: E402
 from e2e.local.fixtures import Kubectl  # noqa: E402
 
@@ -68,15 +68,9 @@ def member(name: str, load: float, unload: float, real: bool = False) -> harness
 
 
 async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> float:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2, "stream": True}
-    started = time.monotonic()
-    async with session.post(url + "/chat/completions", json=body) as r:
-        assert r.status == 200, await r.text()
-        await r.content.readany()
-        ttfb = time.monotonic() - started
-        await r.read()
-    return ttfb
+    """Seconds from sending a streamed chat request to the router at `url` (its /v1) to the
+    first event of the model's answer."""
+    return await bench_swap.first_byte(session, url + "/chat/completions", model)
 
 
 def pct(values: list[float], p: float) -> float:

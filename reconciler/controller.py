@@ -756,12 +756,13 @@ class Controller:
                        state: s.PoolState | None, logger: ObjectLogger) -> None:
         """While a swap drains and unloads its incumbent, a pod on the incumbent's node
         reads the target's weights into the page cache (spec.prewarm; `state` None when
-        it is off); the pod goes once the target is scaled up or the swap ends."""
+        it is off). It is created in the step that starts the drain and deleted once the
+        swap ends: not as the target loads, when a read still under way goes on
+        feeding the load, and the kubelet's work is the target's start."""
         key = (namespace, pool)
         swap = s.visible_swap(state) if state is not None else None
         want = None
-        if (swap is not None and swap.from_ is not None
-                and swap.phase in (s.Phase.DRAINING, s.Phase.UNLOADING)):
+        if swap is not None and swap.from_ is not None:
             want = swap.to
         have = self._prewarming.get(key)
         if have is not None and have[0] != want:

@@ -1,7 +1,7 @@
 """spec.prewarm on a real kubelet: while a swap drains and unloads the incumbent, a pod on
 the incumbent's node reads the target's weights from its volume (a PersistentVolume on the
 GPU node, reached from a namespace that enforces `restricted`), and it is gone once the
-target loads. The time it saves is measured by benchmarks/bench_prewarm.py."""
+swap is over. The time it saves is measured by benchmarks/bench_prewarm.py."""
 
 from __future__ import annotations
 

@@ -391,10 +391,11 @@ def stored(name: str) -> dict[str, Any]:
     return body
 
 
-async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_target_loads(
+async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_swap_ends(
 ) -> None:
     """spec.prewarm: the pod that reads b's weights is applied once the swap drains a, on
-    a's node, and deleted in the step that scales b up; once, not on every reconcile."""
+    a's node (once, not on every reconcile), left alone while b loads, and deleted once
+    the swap is over."""
     kube = FakeKube()
     c = controller(kube, [pod("a")])
     c.servers.cache[(NS, "b")] = stored("b")
@@ -406,15 +407,24 @@ async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_targe
     assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1
     await c.reconcile_pool(NS, "slot")
     assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1  # once per swap
-    # the incumbent's pod is gone: the swap scales b up, and the prewarm pod goes
+    # the incumbent's pod is gone: the swap scales b up, and the prewarm pod stays
     del c.pods.cache[(NS, "a-1")]
     c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
     await c.reconcile_pool(NS, "slot")
     await c.reconcile_pool(NS, "slot")
     state = c.pool_states[(NS, "slot")]
     assert state.swap is not None and state.swap.phase is s.Phase.LOADING
+    assert ("delete", "Pod", "slot-prewarm") not in kube.calls
+    # b is Ready: the swap is over, and the prewarm pod goes, once
+    c.pods.cache[(NS, "b-1")] = pod("b")
+    await c.reconcile_pool(NS, "slot")
+    await c.reconcile_pool(NS, "slot")
+    state = c.pool_states[(NS, "slot")]
+    assert state.swap is None and state.resident == "b"
+    assert kube.calls.count(("delete", "Pod", "slot-prewarm")) == 1
+    assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1
     assert index(kube.calls, ("delete", "Pod", "slot-prewarm")) > index(
-        kube.calls, ("apply", "Pod", "slot-prewarm"))
+        kube.calls, ("apply", "Deployment", "b"))
 
 
 async def test_no_prewarm_without_a_model_volume_or_when_the_pool_turns_it_off() -> None:
