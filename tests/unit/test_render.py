@@ -576,8 +576,9 @@ def test_allow_direct_access_renders_no_policy() -> None:
 
 def test_the_prewarm_pod_reads_the_targets_model_on_the_incumbents_node() -> None:
     """A short-lived pod, restricted like every pod rendered, with the target's image and
-    its model volume read-only, no GPU and no memory limit (the page cache it fills is
-    charged to it), owned by the pool and gone by the swap's deadline."""
+    its model volume read-only, no GPU, no memory limit (the page cache it fills is
+    charged to it) and no requests (BestEffort: it must not take CPU from the incumbent's
+    drain), owned by the pool and gone by the swap's deadline."""
     spec = body("ModelServer", "gemma", {
         "runtime": "llamacpp", "image": "ghcr.io/ggml-org/llama.cpp:server",
         "model": "/models/gemma.gguf", "resources": {"gpu": 1},
@@ -596,7 +597,7 @@ def test_the_prewarm_pod_reads_the_targets_model_on_the_incumbents_node() -> Non
     (container,) = spec_["containers"]
     assert container["image"] == "ghcr.io/ggml-org/llama.cpp:server"
     assert container["command"][-1] == "/models/gemma.gguf"
-    assert "limits" not in container["resources"]
+    assert "resources" not in container
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert spec_["securityContext"]["runAsNonRoot"] is True
     assert container["volumeMounts"] == [
