@@ -789,6 +789,9 @@ class Controller:
             return  # the swap itself reports a target it cannot use
         pod = self.renderer.prewarm_pod(target, pool=pool, pool_uid=_meta(body).get("uid"),
                                         node=nodes[0], deadline=swap_budget)
+        # Recorded before the apply: a refused one still has the name deleted once the
+        # swap ends, so a pod left from an earlier swap, whose spec a pod cannot change
+        # (422), is out of the way of the next swap's reader.
         self._prewarming[key] = (want, pod is not None)
         if pod is None:
             return

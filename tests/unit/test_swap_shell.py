@@ -427,6 +427,40 @@ async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_swap_
         kube.calls, ("apply", "Deployment", "b"))
 
 
+async def test_a_prewarm_pod_left_from_an_earlier_swap_is_deleted_when_it_is_in_the_way(
+) -> None:
+    """A pod named `<pool>-prewarm` that an earlier swap left (for the other member) cannot
+    be changed into this swap's reader (422): this swap goes without one, and the old pod
+    is deleted once the swap ends, so the next swap's reader can be created."""
+
+    class LeftOver(FakeKube):
+        async def apply(self, body: Any, *, force: bool = True) -> dict[str, Any]:
+            if body["kind"] == "Pod":
+                self.calls.append(("refused", "Pod", body["metadata"]["name"]))
+                raise KubeError("spec: Forbidden: pod updates may not change fields", 422)
+            return await super().apply(body, force=force)
+
+    kube = LeftOver()
+    c = controller(kube, [pod("a")])
+    c.servers.cache[(NS, "b")] = stored("b")
+    draining_a_to_b(c)
+    body = pool_body({"request": {"member": "b", "generation": 3}})
+    body["metadata"]["resourceVersion"] = "1000000"
+    c.pools.cache[(NS, "slot")] = body
+    await c.reconcile_pool(NS, "slot")
+    await c.reconcile_pool(NS, "slot")
+    assert kube.calls.count(("refused", "Pod", "slot-prewarm")) == 1  # not on every reconcile
+    assert ("delete", "Pod", "slot-prewarm") not in kube.calls  # not while the swap runs
+    del c.pods.cache[(NS, "a-1")]
+    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    await c.reconcile_pool(NS, "slot")
+    c.pods.cache[(NS, "b-1")] = pod("b")
+    await c.reconcile_pool(NS, "slot")
+    await c.reconcile_pool(NS, "slot")
+    assert c.pool_states[(NS, "slot")].swap is None
+    assert kube.calls.count(("delete", "Pod", "slot-prewarm")) == 1
+
+
 async def test_no_prewarm_without_a_model_volume_or_when_the_pool_turns_it_off() -> None:
     for storage, prewarm in ((False, True), (True, False)):
         kube = FakeKube()
