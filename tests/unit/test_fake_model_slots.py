@@ -23,18 +23,26 @@ async def _steps_until(condition: object) -> None:
     raise AssertionError("the condition never held")
 
 
-async def test_a_freed_slot_passes_to_a_waiting_request_without_an_idle_moment() -> None:
-    table = SlotTable(1)
-    done_a, never = asyncio.Event(), asyncio.Event()
+async def _one_holding_one_waiting(
+    table: SlotTable, release_first: asyncio.Event
+) -> tuple[asyncio.Task[None], asyncio.Task[None]]:
+    """A generation holding the table's one slot until `release_first`, and one waiting."""
 
     async def generate(until: asyncio.Event) -> None:
         async with table.hold():
             await until.wait()
 
-    first = asyncio.create_task(generate(done_a))
+    first = asyncio.create_task(generate(release_first))
     await _steps_until(lambda: table.busy)
-    queued = asyncio.create_task(generate(never))
+    queued = asyncio.create_task(generate(asyncio.Event()))
     await _steps_until(lambda: table.waiting == 1)
+    return first, queued
+
+
+async def test_a_freed_slot_passes_to_a_waiting_request_without_an_idle_moment() -> None:
+    table = SlotTable(1)
+    done_a = asyncio.Event()
+    first, queued = await _one_holding_one_waiting(table, done_a)
     task_before = table.task_of[0]
     done_a.set()
     readings = []
@@ -51,16 +59,8 @@ async def test_a_freed_slot_passes_to_a_waiting_request_without_an_idle_moment()
 
 async def test_a_cancelled_waiter_is_skipped_and_the_slot_freed() -> None:
     table = SlotTable(1)
-    release, never = asyncio.Event(), asyncio.Event()
-
-    async def generate(until: asyncio.Event) -> None:
-        async with table.hold():
-            await until.wait()
-
-    first = asyncio.create_task(generate(release))
-    await _steps_until(lambda: table.busy)
-    gone = asyncio.create_task(generate(never))
-    await _steps_until(lambda: table.waiting == 1)
+    release = asyncio.Event()
+    first, gone = await _one_holding_one_waiting(table, release)
     gone.cancel()
     await asyncio.gather(gone, return_exceptions=True)
     assert table.waiting == 0
