@@ -68,8 +68,12 @@ def test_the_demo_narrates_a_swap_and_leaves_the_router_serving(tmp_path: Path) 
         message = harness.eventually(refused, "the second pool to say it is unschedulable")
         assert "Insufficient nvidia.com/gpu" in message, message
         assert f"nvidia.com/gpu is held by modelpool-demo/{held} on " in message, message
-        events = kubectl.json("get", "events", "-n", "second-pool", "--field-selector",
-                              "involvedObject.name=gpu0,reason=Unschedulable")["items"]
+        # The Event is posted beside the status write, not before it: waited for.
+        events = harness.eventually(
+            lambda: kubectl.json("get", "events", "-n", "second-pool", "--field-selector",
+                                 "involvedObject.name=gpu0,reason=Unschedulable")["items"]
+            or None,
+            "the second pool's Unschedulable Event")
         assert [e["type"] for e in events] == ["Warning"], events
     finally:
         controlplane.down(state)

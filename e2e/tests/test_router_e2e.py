@@ -277,9 +277,12 @@ def test_an_idle_pool_gives_the_gpu_back_and_the_next_request_loads_it_again(
         assert (ready["status"], ready["reason"]) == ("True", "IdleUnloaded"), ready
         harness.eventually(lambda: True if not harness.member_pods(kubectl, namespace) else None,
                            "a's pod gone", 60)
-        events = kubectl.json("get", "events", "-n", namespace,
-                              "--field-selector", f"involvedObject.name={POOL}")["items"]
-        assert [e for e in events if e.get("reason") == "IdleUnloaded"], events
+        # The Event is posted beside the status write, not before it: waited for.
+        harness.eventually(
+            lambda: [e for e in kubectl.json("get", "events", "-n", namespace, "--field-selector",
+                                             f"involvedObject.name={POOL}")["items"]
+                     if e.get("reason") == "IdleUnloaded"] or None,
+            "the pool's IdleUnloaded Event", 30)
         assert stack.pool().get("phase") == "Cold"  # not the default loaded again
 
         assert chat(client, "a")  # held through the load, then answered
