@@ -195,11 +195,25 @@ def install(
             input=yaml.safe_dump_all(documents), timeout=within,
         )
         installation = Installation(scoped_reconciler_name(scope), scope)
-    for plural in CRDS:
-        kubectl("wait", "--for=condition=Established", f"crd/{plural}.{GROUP}",
-                f"--timeout={int(within)}s", timeout=within + 5)
+    wait_established(kubectl, [f"{plural}.{GROUP}" for plural in CRDS], within)
     wait_reconciler_ready(kubectl, installation, within)
     return installation
+
+
+def wait_established(kubectl: KubectlLike, names: Sequence[str], within: float = 60.0) -> None:
+    """Until every CRD of `names` is Established. (`kubectl wait --for=condition=Established`
+    fails at once, instead of waiting, on a CRD the API server has not given conditions yet:
+    ".status.conditions accessor error: <nil> is of the type <nil>".)"""
+
+    def established() -> bool | None:
+        got = kubectl.json("get", "crd", *names)
+        items = got.get("items", [got])  # one name: the object itself
+        done = [crd for crd in items
+                if any(c.get("type") == "Established" and c.get("status") == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or [])]
+        return True if len(done) == len(names) else None
+
+    eventually(established, f"CRDs {', '.join(names)} Established", within)
 
 
 def install_examples(kubectl: KubectlLike, examples: Path = EXAMPLES) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.fake_model.harness import free_port
-from e2e.harness import KubectlLike, eventually
+from e2e.harness import KubectlLike, eventually, wait_established
 from e2e.local.paths import REPO_ROOT
 
 HERE = Path(__file__).resolve().parent
@@ -120,8 +120,7 @@ def started(kubectl: KubectlLike, state: Path) -> Iterator[ArgoCD]:
     built = build()
     for crd in sorted((built / "crds").glob("*.yaml")):
         kubectl("apply", "--server-side", "-f", str(crd))
-    for crd_name in ("applications.argoproj.io", "appprojects.argoproj.io"):
-        kubectl("wait", "--for=condition=Established", f"crd/{crd_name}", "--timeout=60s")
+    wait_established(kubectl, ["applications.argoproj.io", "appprojects.argoproj.io"])
     kubectl("apply", "--server-side", "-f", str(HERE / "install.yaml"))
 
     # The components read their namespace from the kubeconfig's context.

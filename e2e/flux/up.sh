@@ -110,8 +110,8 @@ images:
 EOF
 kubectl apply -f "$here/namespace.yaml" >/dev/null
 kubectl apply --server-side --force-conflicts -k "$install" >/dev/null
-kubectl wait --for=condition=Established --timeout=60s \
-  crd/gitrepositories.source.toolkit.fluxcd.io crd/kustomizations.kustomize.toolkit.fluxcd.io >/dev/null
+bash "$here/../crds-established.sh" \
+  gitrepositories.source.toolkit.fluxcd.io kustomizations.kustomize.toolkit.fluxcd.io
 kubectl apply -f "$here/git-server.yaml" >/dev/null
 for c in source-controller kustomize-controller; do
   bash "$kind_dir/roll-to-image.sh" "deployment/$c" "$NAMESPACE" "modelpool/flux-$c:$version"

@@ -172,8 +172,8 @@ stage "NetworkPolicies enforced (kube-router, firewall only)"
 # the same objects before (Flux in e2e/kind_tests/test_flux.py) still owns their fields
 # after it let go of them, and a changed manifest would conflict with it.
 kubectl_ apply --server-side --force-conflicts -k "$root/overlays/kind" >/dev/null
-kubectl_ wait --for=condition=Established --timeout=60s \
-  crd/modelservers.modelpool.dev crd/modelpools.modelpool.dev crd/modelrouters.modelpool.dev >/dev/null
+KUBECONFIG="$kubeconfig" bash "$here/../crds-established.sh" \
+  modelservers.modelpool.dev modelpools.modelpool.dev modelrouters.modelpool.dev
 roll_to_image deployment/modelpool-reconciler modelpool-system modelpool/reconciler:0.1.0
 kubectl_ -n modelpool-system rollout status deployment/modelpool-reconciler --timeout=180s >/dev/null
 stage "modelpool installed from overlays/kind"

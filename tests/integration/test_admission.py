@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.harness import wait_established
 from e2e.local.controlplane import LocalCluster
 from e2e.local.fixtures import Kubectl
 from reconciler.render import Renderer
@@ -32,8 +33,7 @@ def crds(cluster: LocalCluster) -> Iterator[None]:
         cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir / "kubectl")
     )
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
-    for name in KINDS.split(","):
-        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    wait_established(kubectl, KINDS.split(","))
     yield
 
 

@@ -24,6 +24,7 @@ import kr8s.asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from e2e.harness import wait_established
 from reconciler.__main__ import run
 from reconciler.kube import MODEL_POOLS, MODEL_ROUTERS, PODS, Conflict, Kube, request_cas_ops
 from reconciler.settings import Settings, SwapSettings
@@ -103,9 +104,8 @@ class Running:
 @pytest.fixture
 def crds(cluster: Any, kubectl: Any) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "manifests" / "crds"))
-    for plural in ("modelservers", "modelpools", "modelrouters"):
-        kubectl("wait", "--for=condition=Established", f"crd/{plural}.modelpool.dev",
-                "--timeout=60s")
+    wait_established(kubectl, [f"{plural}.modelpool.dev"
+                               for plural in ("modelservers", "modelpools", "modelrouters")])
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import kr8s.asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from e2e.harness import wait_established
 from e2e.local.fixtures import Kubectl
 from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
 from sidecar.activator import PoolRequest, PoolStatus, WriteRequest
@@ -36,7 +37,7 @@ CRD = ROOT / "manifests" / "crds" / "modelpool.dev_modelpools.yaml"
 @pytest.fixture
 def pool(kubectl: Kubectl, namespace: str) -> str:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/modelpools.modelpool.dev", "--timeout=60s")
+    wait_established(kubectl, ["modelpools.modelpool.dev"])
     manifest = {
         "apiVersion": "modelpool.dev/v1alpha1",
         "kind": "ModelPool",
