@@ -39,6 +39,7 @@ from reconciler.render import (
     MANAGED_BY,
     ROUTER_KINDS,
     SERVER_KINDS,
+    SLOT_GATE,
     Renderer,
     RenderError,
     prewarm_pod_name,
@@ -739,6 +740,7 @@ class Controller:
         for action in actions:
             if isinstance(action, first):
                 await self._execute(namespace, name, body, action, logger)
+        await self._release(namespace, s.released(state), logger)
         self._wake_members(namespace, previous, state, actions)
         # Then status, then cleared requests (after lastSwap, which is how routers learn
         # of an abandoned swap) and Events.
@@ -807,6 +809,28 @@ class Controller:
             logger.event, "Normal", "Prewarming",
             f"reading {want}'s weights into the page cache of {nodes[0]} while "
             f"{swap.from_} drains and unloads"), "event-Prewarming")
+
+    async def _release(self, namespace: str, members: frozenset[str],
+                       logger: ObjectLogger) -> None:
+        """Lift the slot gate of the pods of `members` (the one member that may hold the
+        pool's slot now, if any): the scheduler places them from then on. Level-based, so a
+        pod the ReplicaSet creates later (a staged target, a resident's pod replaced) is
+        released by the pool's next reconcile, which its creation triggers."""
+        for pod in self.pods.items(namespace):
+            member = _labels(pod).get(LABEL_SERVER) or ""
+            gates = (pod.get("spec") or {}).get("schedulingGates") or []
+            if (member not in members or not _pod_active(pod)
+                    or _meta(pod).get("deletionTimestamp")
+                    or not any(g.get("name") == SLOT_GATE for g in gates)):
+                continue
+            name = str(_meta(pod).get("name"))
+            try:
+                await self.kube.strategic_merge_patch(k.PODS, namespace, name, {
+                    "spec": {"schedulingGates": [{"$patch": "delete", "name": SLOT_GATE}]}})
+            except k.NotFound:
+                continue  # gone already: its ReplicaSet makes another, released in turn
+            self.metrics.api_writes_total.labels("patch", "Pod").inc()
+            logger.info("released %s's pod %s to the scheduler", member, name)
 
     def _wake_members(self, namespace: str, previous: s.PoolState | None,
                       state: s.PoolState, actions: Sequence[s.Action]) -> None:

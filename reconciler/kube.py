@@ -251,6 +251,20 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
+    async def strategic_merge_patch(
+        self, resource: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A strategic merge patch of an object others own (a pod's scheduling gates)."""
+        return await self.request(
+            "PATCH",
+            resource,
+            namespace,
+            name,
+            params={"fieldManager": FIELD_MANAGER},
+            body=dict(patch),
+            content_type="application/strategic-merge-patch+json",
+        )
+
     async def merge_patch_status(
         self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:

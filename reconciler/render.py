@@ -37,6 +37,7 @@ __all__ = [
     "PART_OF",
     "ROUTER_KINDS",
     "SERVER_KINDS",
+    "SLOT_GATE",
     "RenderError",
     "Renderer",
     "config_map_name",
@@ -53,6 +54,9 @@ MANAGED_BY = "modelpool-reconciler"
 LABEL_SERVER = "modelpool.dev/model-server"
 LABEL_POOL = "modelpool.dev/pool"
 LABEL_ROUTER = "modelpool.dev/router"
+# The scheduling gate of a pool member's pods: the scheduler places none of them until the
+# reconciler lifts it, which it does only for the member that holds the pool's slot.
+SLOT_GATE = "modelpool.dev/slot"
 CONFIG_HASH_ANNOTATION = "modelpool.dev/config-hash"
 ROUTER_CONFIG_DIR = "/etc/modelpool/router"
 ROUTER_KEYS_DIR = "/etc/modelpool/router-keys"
@@ -234,6 +238,7 @@ class Renderer:
             "resources": _server_resources(ms),
             "readiness_path": readiness_path(ms),
             "routers": sorted(set(routers)),
+            "slot_gate": SLOT_GATE if pool is not None else None,
             "label_router": LABEL_ROUTER,
             "reconciler_namespace": self.reconciler_namespace,
             "reconciler_name": RECONCILER_NAME,

@@ -27,7 +27,11 @@ The rules (DESIGN.md "The swap", docs/contracts.md section 2):
 - Unloading: every other member is scaled to 0 and the swap waits until their pods are
   gone (terminating pods still hold the GPU), and the target's own terminating pods too
   (a member unloaded for idleness and asked for again). A withdrawal is no longer honoured.
-- Loading: the target is scaled to 1 only then, and the swap waits for it to be Ready.
+- Staging: the target is scaled to 1 as the unload begins. Every pool member's pods are
+  created with a scheduling gate (`released` below says whose the shell lifts), so its
+  pod waits unplaced while the incumbent unloads: the controllers' chain from Deployment
+  to pod is off the swap's path, and no node can run it before its turn.
+- Loading: the target's gate is lifted only then, and the swap waits for it to be Ready.
 - The whole swap is bounded by `swapBudget` from its start: past it the swap is
   abandoned, the target scaled back to 0, the request cleared by compare-and-swap.
 - While the spec has a problem (a missing member, a member in two pools) nothing starts
@@ -378,9 +382,23 @@ def desired_replicas(state: PoolState) -> dict[str, int] | None:
     swap = state.swap
     if state.resident in wanted and (swap is None or swap.phase is Phase.DRAINING):
         wanted[state.resident] = 1
-    if swap is not None and swap.phase is Phase.LOADING and swap.to in wanted:
-        wanted[swap.to] = 1
+    if swap is not None and swap.phase is not Phase.DRAINING and swap.to in wanted:
+        wanted[swap.to] = 1  # staged while the incumbent unloads: created, not placed
     return wanted
+
+
+def released(state: PoolState) -> frozenset[str]:
+    """The members whose pods the scheduler may place: the shell lifts their scheduling
+    gate. The resident while no swap is past its drain; a swap's target once it is
+    Loading, that is once every other member's pods are gone. Nobody while the spec has a
+    problem: a pod created then (a node drained, say) waits for the problem to be fixed."""
+    if state.problem is not None:
+        return frozenset()
+    members = set(state.config.members)
+    swap = state.swap
+    if swap is not None and swap.phase is not Phase.DRAINING:
+        return frozenset({swap.to} & members) if swap.phase is Phase.LOADING else frozenset()
+    return frozenset({state.resident} & members) if state.resident is not None else frozenset()
 
 
 def visible_swap(state: PoolState) -> Swap | None:
@@ -677,6 +695,7 @@ def _begin_unloading(state: PoolState, now: float) -> tuple[PoolState, list[Acti
         for member in state.config.members
         if member != swap.to and (member == swap.from_ or observed.count(member) > 0)
     ]
+    actions.append(Scale(swap.to, 1))  # staged: its gate is lifted once Loading
     return replace(state, swap=swap), actions
 
 
@@ -691,8 +710,7 @@ def _unload(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[A
         phase_started=now,
         durations=(*swap.durations, ("unload", now - swap.phase_started)),
     )
-    state = replace(state, swap=swap, resident=None, resident_since=None)
-    return state, [Scale(swap.to, 1)]
+    return replace(state, swap=swap, resident=None, resident_since=None), []
 
 
 def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:

@@ -112,8 +112,9 @@ def member_pods(kubectl: Kubectl, namespace: str) -> list[Any]:
 
 @contextlib.asynccontextmanager
 async def members_running(kubectl: Kubectl, namespace: str) -> AsyncIterator[list[set[str]]]:
-    """After every pod event, the members with a pod that may hold a GPU (terminating ones
-    too): a watch, so an overlap however short is seen."""
+    """After every pod event, the members with a pod that may hold a GPU, placed on a node
+    and not finished (terminating ones too): a watch, so an overlap however short is seen.
+    A pod behind its slot gate is not placed and holds nothing."""
     samples: list[set[str]] = []
     seen: dict[str, str | None] = {}
     process = await asyncio.create_subprocess_exec(
@@ -130,7 +131,8 @@ async def members_running(kubectl: Kubectl, namespace: str) -> AsyncIterator[lis
             for event in events:
                 pod = event["object"]
                 phase = (pod.get("status") or {}).get("phase")
-                gone = event["type"] == "DELETED" or phase in ("Succeeded", "Failed")
+                gone = (event["type"] == "DELETED" or phase in ("Succeeded", "Failed")
+                        or not (pod.get("spec") or {}).get("nodeName"))
                 seen[pod["metadata"]["name"]] = None if gone else (
                     pod["metadata"]["labels"][harness.LABEL_SERVER])
                 samples.append({m for m in seen.values() if m})

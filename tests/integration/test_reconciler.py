@@ -237,16 +237,20 @@ async def ready_with_pool(running: Running, pool_name: str, member: str) -> Json
 
 
 def _active_member(pod: Json) -> str | None:
-    """The member a pod belongs to while it may hold the GPU (terminating included)."""
+    """The member a pod belongs to while it may hold the GPU: placed on a node and not
+    finished (terminating included). A pod behind its slot gate holds nothing."""
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    if not (pod.get("spec") or {}).get("nodeName"):
         return None
     return ((pod.get("metadata") or {}).get("labels") or {}).get("modelpool.dev/model-server")
 
 
 @contextlib.asynccontextmanager
 async def sampling(kube: Kube, namespace: str) -> AsyncIterator[list[set[str]]]:
-    """Which members have pods, after every pod event while the block runs: a watch, not
-    a poll, so an overlap however short is seen. The first sample is the listed state."""
+    """Which members have pods placed on a node, after every pod event while the block
+    runs: a watch, not a poll, so an overlap however short is seen. The first sample is
+    the listed state."""
     samples: list[set[str]] = []
     listed = asyncio.Event()
 
@@ -837,7 +841,8 @@ async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_go
     """Terminating pods still hold the GPU. The incumbent takes seconds to unload after
     SIGTERM, and nothing but the reconciler stops the target from starting meanwhile (the
     members ask for no GPU, so the scheduler admits both at once): the target's pod is
-    created only after the incumbent's pod is gone, as a watch of every pod event shows."""
+    placed only after the incumbent's pod is gone, as a watch of every pod event shows.
+    It is created before (staged while the incumbent unloads), behind its slot gate."""
     apply(kubectl, namespace, server("a", unload_time=3), server("b"), pool(["a", "b"]))
     await ready_with(reconciler, "a")
     async with sampling(reconciler.kube, namespace) as samples:

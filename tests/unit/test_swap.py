@@ -106,10 +106,12 @@ def test_a_cold_pool_loads_its_default_and_turns_ready() -> None:
 
 def test_a_cold_pool_with_a_stray_member_unloads_it_before_loading_the_default() -> None:
     state, actions = s.step(PoolState(config=CONFIG), MembersObserved(pods(b=1)), 0.0)
-    assert kinds(actions, Scale) == [Scale("b", 0)]
+    assert kinds(actions, Scale) == [Scale("b", 0), Scale("a", 1)]  # a staged, gated
     assert state.swap is not None and state.swap.phase is Phase.UNLOADING
+    assert s.released(state) == frozenset()
     state, actions = s.step(state, MembersObserved(pods()), 1.0)
-    assert kinds(actions, Scale) == [Scale("a", 1)]
+    assert kinds(actions, Scale) == []
+    assert s.released(state) == {"a"}
 
 
 def test_a_request_for_another_member_probes_the_incumbent_first() -> None:
@@ -128,18 +130,24 @@ def test_a_request_for_the_resident_changes_nothing() -> None:
 
 def test_an_idle_incumbent_is_unloaded_and_the_target_loads_only_once_its_pods_are_gone() -> None:
     state, _ = s.step(resident(), RequestObserved(Request("b", 1)), 10.0)
+    assert s.released(state) == {"a"}
     state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 11.0)
-    assert kinds(actions, Scale) == [Scale("a", 0)]
+    # b is staged as a unloads: its pod is created, gated, and placed only once released
+    assert kinds(actions, Scale) == [Scale("a", 0), Scale("b", 1)]
     assert state.swap is not None and state.swap.phase is Phase.UNLOADING
-    assert s.desired_replicas(state) == {"a": 0, "b": 0, "c": 0}
-
-    # a terminating pod still holds the GPU
-    state, actions = s.step(state, MembersObserved(MemberPods(pods={"a": 1})), 12.0)
-    assert kinds(actions, Scale) == []
-    state, actions = s.step(state, MembersObserved(pods()), 13.0)
-    assert kinds(actions, Scale) == [Scale("b", 1)]
-    assert state.resident is None
     assert s.desired_replicas(state) == {"a": 0, "b": 1, "c": 0}
+    assert s.released(state) == frozenset()
+
+    # a terminating pod still holds the GPU; b's gated pod waits
+    staged = MemberPods(pods={"a": 1, "b": 1}, terminating={"a": 1})
+    state, actions = s.step(state, MembersObserved(staged), 12.0)
+    assert kinds(actions, Scale) == [] and s.released(state) == frozenset()
+    state, actions = s.step(state, MembersObserved(MemberPods(pods={"b": 1})), 13.0)
+    assert kinds(actions, Scale) == []
+    assert state.resident is None and state.swap is not None
+    assert state.swap.phase is Phase.LOADING
+    assert s.desired_replicas(state) == {"a": 0, "b": 1, "c": 0}
+    assert s.released(state) == {"b"}
 
     state, actions = s.step(state, MembersObserved(pods(b=1)), 20.0)
     assert state.resident == "b" and state.swap is None
@@ -172,7 +180,7 @@ def test_a_busy_or_unprobeable_incumbent_defers_and_is_probed_again(
     state, actions = s.step(state, IdleResult("a", verdict, "detail"), 13.5)
     assert actions == []
     state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 16.0)
-    assert kinds(actions, Scale) == [Scale("a", 0)]
+    assert kinds(actions, Scale) == [Scale("a", 0), Scale("b", 1)]
 
 
 def test_an_incumbent_that_can_never_be_probed_fails_the_swap_at_once() -> None:
@@ -299,8 +307,9 @@ def test_a_newer_request_while_draining_retargets_the_swap() -> None:
     state, _ = s.step(state, RequestObserved(Request("c", 2)), 11.0)
     assert state.swap is not None and (state.swap.to, state.swap.generation) == ("c", 2)
     state, actions = s.step(state, IdleResult("a", Verdict.IDLE), 12.0)
+    assert kinds(actions, Scale) == [Scale("a", 0), Scale("c", 1)]
     state, actions = s.step(state, MembersObserved(pods()), 13.0)
-    assert actions == [Scale("c", 1)]
+    assert actions == [] and s.released(state) == {"c"}
 
 
 def test_a_request_for_a_non_member_is_answered_and_cleared() -> None:
@@ -352,7 +361,7 @@ def test_reclaim_returns_an_idle_member_to_the_default_after_reclaim_after() -> 
     assert actions == [ProbeIdle("b")]  # a check, not yet a swap: nothing announced
     assert s.visible_swap(state) is None and s.phase_of(state) == "Ready"
     state, actions = s.step(state, IdleResult("b", Verdict.IDLE), 31.0)
-    assert kinds(actions, Scale) == [Scale("b", 0)]
+    assert kinds(actions, Scale) == [Scale("b", 0), Scale("a", 1)]
     assert [a.reason for a in kinds(actions, EmitEvent)] == ["SwapStarted"]
     state, actions = run(state, [(32.0, MembersObserved(pods())),
                                  (35.0, MembersObserved(pods(a=1)))])
@@ -546,9 +555,10 @@ def test_a_request_after_an_idle_unload_waits_for_the_members_own_terminating_po
                                  (21.0, RequestObserved(Request("b", 4)))])
     assert state.swap is not None and state.swap.phase is Phase.UNLOADING
     assert state.idle_unloaded is None  # a request ends the Cold of idleness
-    assert Scale("b", 1) not in actions  # its old pod still holds the GPU
-    state, actions = s.step(state, MembersObserved(pods()), 23.0)
-    assert Scale("b", 1) in actions
+    assert Scale("b", 1) in actions  # a new pod, staged and gated
+    assert s.released(state) == frozenset()  # its old pod still holds the GPU
+    state, actions = s.step(state, MembersObserved(MemberPods(pods={"b": 1})), 23.0)
+    assert s.released(state) == {"b"}
 
 
 def test_a_swap_stops_the_activity_probes_and_a_new_resident_starts_a_new_window() -> None:
@@ -565,3 +575,13 @@ def test_a_swap_stops_the_activity_probes_and_a_new_resident_starts_a_new_window
     assert kinds(actions, Scale) == []  # b's window began at 16
     state, actions = probe_activity(state, 36.0)
     assert kinds(actions, Scale) == [Scale("b", 0)]
+
+
+def test_only_the_member_that_holds_the_slot_is_released_and_nobody_under_a_problem() -> None:
+    state = resident()
+    assert s.released(state) == {"a"}
+    state, _ = s.step(state, RequestObserved(Request("b", 1)), 10.0)
+    assert s.released(state) == {"a"}  # draining: a still serves
+    state, _ = s.step(state, SpecObserved(CONFIG, 2, Problem("MemberNotFound", "c")), 11.0)
+    assert s.released(state) == frozenset()  # a pod made now waits for the fix
+    assert s.released(s.PoolState(config=CONFIG)) == frozenset()  # a cold pool

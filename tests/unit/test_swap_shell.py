@@ -40,6 +40,7 @@ class FakeKube(Kube):
     def __init__(self) -> None:
         super().__init__(api=None)
         self.calls: list[tuple[str, str, str]] = []
+        self.patches: list[Any] = []
         self.release_events = asyncio.Event()
         self.release_events.set()
 
@@ -57,6 +58,12 @@ class FakeKube(Kube):
     async def delete(self, resource: Resource, namespace: str | None, name: str,
                      uid: str | None = None) -> None:
         self.calls.append(("delete", resource.kind, name))
+
+    async def strategic_merge_patch(self, resource: Resource, namespace: str | None,
+                                    name: str, patch: Any) -> dict[str, Any]:
+        self.calls.append(("patch", resource.kind, name))
+        self.patches.append(patch)
+        return self._echo(patch, resource.kind, namespace or "", name)
 
     async def merge_patch_status(self, resource: Resource, namespace: str, name: str,
                                  status: Any) -> dict[str, Any]:
@@ -130,6 +137,18 @@ def pod(member: str, ready: bool = True) -> dict[str, Any]:
     }
 
 
+def gated(member: str) -> dict[str, Any]:
+    """A member's pod as its ReplicaSet creates it: unplaced, behind the slot gate."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": NS, "name": f"{member}-2",
+                     "labels": {"modelpool.dev/model-server": member}},
+        "spec": {"schedulingGates": [{"name": "modelpool.dev/slot"}]},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]},
+    }
+
+
 def controller(kube: FakeKube, pods: Sequence[dict[str, Any]] = ()) -> Controller:
     c = Controller(kube, Settings(namespace=NS), ReconcilerMetrics(CollectorRegistry()),
                    Renderer(), FakeProbe(kube), clock=lambda: NOW)
@@ -173,19 +192,47 @@ def index(calls: list[tuple[str, str, str]], call: tuple[str, str, str]) -> int:
     return calls.index(call)
 
 
-async def test_the_target_is_scaled_up_before_the_pool_status_is_written() -> None:
+async def test_the_staged_target_is_released_before_the_pool_status_is_written() -> None:
     kube = FakeKube()
-    c = controller(kube)  # the incumbent's pods are gone
+    c = controller(kube, [gated("b")])  # the incumbent's pods are gone
     unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
                        started=NOW - 1, phase_started=NOW - 1)
     c.pool_states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, request=s.Request("b", 3), resident=None,
-        swap=unloading, observed=s.MemberPods(pods={"a": 1}))
+        swap=unloading, observed=s.MemberPods(pods={"a": 1, "b": 1}))
     await c.reconcile_pool(NS, "slot")
     state = c.pool_states[(NS, "slot")]
     assert state.swap is not None and state.swap.phase is s.Phase.LOADING
-    scale_up = index(kube.calls, ("apply", "Deployment", "b"))
-    assert scale_up < index(kube.calls, ("status", "ModelPool", "slot"))
+    release = index(kube.calls, ("patch", "Pod", "b-2"))
+    assert release < index(kube.calls, ("status", "ModelPool", "slot"))
+    assert kube.patches == [{"spec": {"schedulingGates": [
+        {"$patch": "delete", "name": "modelpool.dev/slot"}]}}]
+
+
+async def test_a_staged_target_stays_gated_while_the_incumbent_unloads() -> None:
+    kube = FakeKube()
+    going = pod("a")
+    going["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    c = controller(kube, [going, gated("b")])
+    unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
+                       started=NOW - 1, phase_started=NOW - 1)
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, request=s.Request("b", 3), resident=None,
+        swap=unloading, observed=s.MemberPods(pods={"a": 1, "b": 1}, terminating={"a": 1}))
+    await c.reconcile_pool(NS, "slot")
+    state = c.pool_states[(NS, "slot")]
+    assert state.swap is not None and state.swap.phase is s.Phase.UNLOADING
+    assert not [call for call in kube.calls if call[0] == "patch"], kube.calls
+
+
+async def test_a_residents_new_pod_is_released_and_another_members_is_not() -> None:
+    kube = FakeKube()
+    c = controller(kube, [gated("a"), gated("b")])
+    c.pool_states[(NS, "slot")] = s.PoolState(
+        config=config(), generation=1, resident="a", resident_since=NOW - 60,
+        observed=s.MemberPods(pods={"a": 1, "b": 1}))
+    await c.reconcile_pool(NS, "slot")
+    assert [call for call in kube.calls if call[0] == "patch"] == [("patch", "Pod", "a-2")]
 
 
 async def test_the_incumbent_is_scaled_down_before_the_pool_status_is_written() -> None:
@@ -196,6 +243,9 @@ async def test_the_incumbent_is_scaled_down_before_the_pool_status_is_written() 
     await c.reconcile_pool(NS, "slot")
     scale_down = index(kube.calls, ("apply", "Deployment", "a"))
     assert scale_down < index(kube.calls, ("status", "ModelPool", "slot"))
+    # the target is staged in the same step: its pod is created while a unloads
+    stage = index(kube.calls, ("apply", "Deployment", "b"))
+    assert stage < index(kube.calls, ("status", "ModelPool", "slot"))
 
 
 async def test_a_swap_probes_the_incumbent_without_waiting_for_its_status_or_event() -> None:
@@ -328,19 +378,16 @@ async def test_a_server_is_rendered_again_only_when_its_spec_or_scale_changed() 
 async def test_a_scale_that_failed_is_retried_by_the_members_own_key() -> None:
     class FailingKube(FakeKube):
         async def apply(self, body: Any, *, force: bool = True) -> dict[str, Any]:
-            raise KubeError("apply Deployment b: connection reset")
+            raise KubeError("apply Deployment a: connection reset")
 
     kube = FailingKube()
-    c = controller(kube)
-    unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
-                       started=NOW - 1, phase_started=NOW - 1)
-    c.pool_states[(NS, "slot")] = s.PoolState(
-        config=config(), generation=1, request=s.Request("b", 3), swap=unloading,
-        observed=s.MemberPods(pods={"a": 1}))
+    c = controller(kube, [pod("a")])
+    draining_a_to_b(c)
+    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
     with pytest.raises(KubeError):
         await c.reconcile_pool(NS, "slot")
-    assert Key(SERVER, NS, "b") in c.queue._timers  # again after the backoff
-    assert c.queue.failures(Key(SERVER, NS, "b")) == 1
+    assert Key(SERVER, NS, "a") in c.queue._timers  # again after the backoff
+    assert c.queue.failures(Key(SERVER, NS, "a")) == 1
     c.queue.shutdown()
 
 

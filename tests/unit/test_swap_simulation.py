@@ -1,8 +1,10 @@
 """The swap against a simulated cluster: random requests, probe answers, slow pods.
 
-Holds the invariants that no table of cases can enumerate: two members' pods never
-exist at once, a Scale action always agrees with the replicas the pool wants, every
-swap ends within its budget, and a pool left alone settles with one resident.
+Holds the invariants that no table of cases can enumerate: two members' pods are never
+placed at once (a pool member's pod is created gated and placed only once the shell lifts
+its gate, for the members `released` names), a Scale action always agrees with the
+replicas the pool wants, every swap ends within its budget, and a pool left alone settles
+with one resident.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ BUDGET = 60.0
 class FakePod:
     created_at: float
     terminating_since: float | None = None
+    placed_at: float | None = None  # None while its scheduling gate is on
 
 
 @dataclass
 class FakeMember:
-    """One member's Deployment: a pod created whenever replicas is 1 and no pod is live
-    (a terminating one does not count, as for a ReplicaSet), Ready after a load time,
-    gone a grace after it was told to terminate."""
+    """One member's Deployment: a pod created (gated) whenever replicas is 1 and no pod
+    is live (a terminating one does not count, as for a ReplicaSet), placed once its gate
+    is lifted, Ready a load time after that, gone a grace after it was told to terminate
+    (at once if it was never placed, as the API server deletes an unbound pod)."""
 
     replicas: int = 0
     pods: list[FakePod] = field(default_factory=list)
@@ -42,7 +46,8 @@ class FakeMember:
             if self.replicas == 0 and pod.terminating_since is None:
                 pod.terminating_since = now
         self.pods = [p for p in self.pods
-                     if p.terminating_since is None or now - p.terminating_since < grace]
+                     if p.terminating_since is None
+                     or (p.placed_at is not None and now - p.terminating_since < grace)]
         if self.replicas == 1 and not any(p.terminating_since is None for p in self.pods):
             self.pods.append(FakePod(now))
 
@@ -52,14 +57,23 @@ class FakeMember:
     def count(self) -> int:
         return len(self.pods)
 
+    def placed(self) -> int:
+        return sum(1 for p in self.pods if p.placed_at is not None)
+
+    def release(self, now: float) -> None:
+        for pod in self.pods:
+            if pod.placed_at is None and pod.terminating_since is None:
+                pod.placed_at = now
+
     def terminating(self) -> int:
         return sum(1 for p in self.pods if p.terminating_since is not None)
 
     def ready(self, now: float) -> bool:
         return any(
             p.terminating_since is None
+            and p.placed_at is not None
             and not self.never_ready
-            and now - p.created_at >= self.load_time
+            and now - p.placed_at >= self.load_time
             for p in self.pods
         )
 
@@ -73,9 +87,10 @@ class Sim:
 
     def observed(self) -> s.MemberPods:
         pods = {m: f.count() for m, f in self.members.items() if f.exists()}
+        placed = {m: f.placed() for m, f in self.members.items() if f.placed()}
         ready = {m: 1 for m, f in self.members.items() if f.ready(self.now)}
         terminating = {m: f.terminating() for m, f in self.members.items() if f.terminating()}
-        return s.MemberPods(pods=pods, scheduled=pods, ready=ready, terminating=terminating)
+        return s.MemberPods(pods=pods, scheduled=placed, ready=ready, terminating=terminating)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -115,6 +130,10 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
                 clear(action.generation)
         for member, replicas in wanted.items():
             sim.members[member].replicas = replicas
+        released = s.released(state)
+        assert len(released) <= 1 and all(wanted[m] == 1 for m in released), (released, state)
+        for member in released:
+            sim.members[member].release(sim.now)
         if state.swap is not None:
             assert sim.now - state.swap.started <= BUDGET + 0.5
 
@@ -130,7 +149,8 @@ def test_random_traffic_never_runs_two_members_and_every_swap_ends(seed: int) ->
         sim.now = round(sim.now + 0.5, 3)
         for fake in sim.members.values():
             fake.advance(sim.now, grace=rng.choice([0.5, 2.0]))
-        assert sum(f.count() for f in sim.members.values()) <= 1, sim.members
+        placed = [m for m, f in sim.members.items() if f.placed()]
+        assert len(placed) <= 1, sim.members
         feed(s.MembersObserved(sim.observed()))
         roll = rng.random()
         if roll < 0.02:
