@@ -94,18 +94,17 @@ def journal(node: str, since_wall: float) -> list[tuple[float, str, str]]:
 def journal_stamps(lines: list[tuple[float, str, str]], pods: dict[str, str], offset: float,
                    raw: bool) -> list[trace_swap.Stamp]:
     """Stamps for the lines that name one of `pods` (pod name -> member), or a sandbox or
-    container id a named line introduced (containerd names a container by id)."""
+    container id that an earlier such line introduced (containerd names them by id)."""
     ids: dict[str, str] = {}
     stamps: list[trace_swap.Stamp] = []
     for wall, unit, message in lines:
         member = next((m for name, m in pods.items() if name in message), None)
-        if member is not None:
-            for found in _CONTAINERD_ID.findall(message):
-                ids.setdefault(found, member)
-        else:
+        if member is None:
             member = next((m for cid, m in ids.items() if cid in message), None)
         if member is None:
             continue
+        for found in _CONTAINERD_ID.findall(message):  # a sandbox's line names its container
+            ids.setdefault(found, member)
         short = unit.removesuffix(".service")
         if raw:
             text = _CONTAINERD_ID.sub(lambda m: m.group(1)[:8], message)
