@@ -19,6 +19,10 @@ so the overhead is nearly the whole time to first byte.
 
     .venv/bin/python benchmarks/bench_swap_kind.py --swaps 20
     .venv/bin/python benchmarks/bench_swap_kind.py --swaps 20 --real --load 0.02 --unload 0.01
+    .venv/bin/python benchmarks/bench_swap_kind.py --swaps 20 --cold 10
+
+A cold sample (`--cold`) asks a pool with nothing resident for its one member, on the same
+node: overhead = time to first byte - load time.
 """
 
 from __future__ import annotations
@@ -73,6 +77,19 @@ async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> fl
     return await bench_swap.first_byte(session, url + "/chat/completions", model)
 
 
+def wait_cold(kubectl: Kubectl, namespace: str, member_name: str) -> None:
+    """Until the cold pool has nothing resident and its member's pods are gone: the next
+    request loads from zero."""
+    def check() -> bool | None:
+        body = kubectl.json("get", f"modelpools.{harness.GROUP}", "cold", "-n", namespace)
+        if (body.get("status") or {}).get("phase") != "Cold":
+            return None
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l",
+                            f"{harness.LABEL_SERVER}={member_name}")["items"]
+        return True if not pods else None
+    harness.eventually(check, f"pool cold empty, {member_name}'s pod gone", 60.0)
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -85,6 +102,9 @@ async def main() -> int:
     parser.add_argument("--unload", type=float, default=0.5, help="fake unload time, seconds")
     parser.add_argument("--pause", type=float, default=0.0,
                         help="seconds between the pool reading Ready and the next swap")
+    parser.add_argument("--cold", type=int, default=0,
+                        help="cold loads to measure as well: a pool with nothing resident "
+                             "(idleUnloadAfter 3s empties it between samples)")
     parser.add_argument("--real", action="store_true",
                         help="real llama-servers (tiny models beta and gemma) as the members")
     args = parser.parse_args()
@@ -98,15 +118,21 @@ async def main() -> int:
                 break
             await asyncio.sleep(0.2)
         a, b = ("beta", "gemma") if args.real else ("a", "b")
-        router = harness.router_on_node(harness.router("bench", [a, b]), CONTROL_PLANE)
+        # the cold member: a pool of its own on the same node, using its other GPU
+        c = "c"
+        cold = [member(c, args.load, args.unload),
+                harness.pool("cold", [c], swap_budget="120s", idleUnloadAfter="3s")]
+        backends = [a, b, c] if args.cold else [a, b]
+        router = harness.router_on_node(harness.router("bench", backends), CONTROL_PLANE)
         harness.apply(kubectl, ns, member(a, args.load, args.unload, args.real),
                       member(b, args.load, args.unload, args.real),
                       harness.pool("swap", [a, b], default=a, swap_budget="120s"),
-                      router)
+                      *(cold if args.cold else []), router)
         (pod,) = harness.wait_router_ready(kubectl, ns, "bench", None, 180.0)
         harness.wait_pool_ready(kubectl, ns, "swap", a, 180.0)
         url = harness.base_url(pod)
         overheads: list[float] = []
+        cold_overheads: list[float] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
             await first_byte(s, url, a)
             resident = a
@@ -120,6 +146,10 @@ async def main() -> int:
                                         resident, 60.0)
                 # (a user's next request for the other model, some time later)
                 await asyncio.sleep(args.pause)
+            for _ in range(args.cold):
+                await asyncio.to_thread(wait_cold, kubectl, ns, c)
+                ttfb = await first_byte(s, url, c)
+                cold_overheads.append(ttfb - args.load)
         reconciler = kubectl.json("get", "pods", "-n", "modelpool-system", "-l",
                                   "app.kubernetes.io/name=modelpool-reconciler")["items"]
         ip = next(p["status"]["podIP"] for p in reconciler if p["status"].get("podIP"))
@@ -146,6 +176,12 @@ async def main() -> int:
         print(f"  p50 {pct(overheads, 50):.2f}s  p95 {pct(overheads, 95):.2f}s  "
               f"mean {statistics.mean(overheads):.2f}s  max {max(overheads):.2f}s")
         print("  each: " + " ".join(f"{o:.2f}" for o in overheads))
+        if cold_overheads:
+            print(f"  cold (load from zero, {len(cold_overheads)} samples): "
+                  f"p50 {pct(cold_overheads, 50):.2f}s  p95 {pct(cold_overheads, 95):.2f}s  "
+                  f"mean {statistics.mean(cold_overheads):.2f}s  "
+                  f"max {max(cold_overheads):.2f}s")
+            print("  each: " + " ".join(f"{o:.2f}" for o in cold_overheads))
         print("  mean per phase (reconciler): " + ", ".join(
             f"{ph} {means[ph]:.2f}s" for ph in ("drain", "unload", "schedule", "load")
             if ph in means))
