@@ -90,6 +90,19 @@ def wait_cold(kubectl: Kubectl, namespace: str, member_name: str) -> None:
     harness.eventually(check, f"pool cold empty, {member_name}'s pod gone", 60.0)
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat's first line, in clock ticks)."""
+    with open("/proc/stat") as stat:
+        return [int(v) for v in stat.readline().split()[1:]]
+
+
+def steal_percent(before: list[int], after: list[int]) -> float:
+    """The share of CPU time the hypervisor gave to other guests between two readings
+    (`steal`, the 8th counter): on a shared host, the cores this run did not have."""
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    return 100.0 * delta[7] / max(1, sum(delta))
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -131,6 +144,7 @@ async def main() -> int:
         (pod,) = harness.wait_router_ready(kubectl, ns, "bench", None, 180.0)
         harness.wait_pool_ready(kubectl, ns, "swap", a, 180.0)
         url = harness.base_url(pod)
+        counters = cpu_times()
         overheads: list[float] = []
         cold_overheads: list[float] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
@@ -169,10 +183,11 @@ async def main() -> int:
                     counts[phase] = sample.value
             means = {ph: sums[ph] / counts[ph] for ph in sums if counts.get(ph)}
         load = os.getloadavg()[0]
+        steal = steal_percent(counters, cpu_times())
         kind = "real llama-server members" if args.real else "fake members"
         print(f"kind swap overhead, {kind}, {args.pause:g}s after Ready, over {len(overheads)} "
               f"warm swaps (load {args.load:g}s, "
-              f"unload {args.unload:g}s, load average {load:.1f}):")
+              f"unload {args.unload:g}s, load average {load:.1f}, CPU steal {steal:.0f}%):")
         print(f"  p50 {pct(overheads, 50):.2f}s  p95 {pct(overheads, 95):.2f}s  "
               f"mean {statistics.mean(overheads):.2f}s  max {max(overheads):.2f}s")
         print("  each: " + " ".join(f"{o:.2f}" for o in overheads))

@@ -237,8 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="every journal line naming a member's pod instead of named hops")
     options = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    counters = bench_swap_kind.cpu_times()
     asyncio.run(run(options))
-    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}, CPU steal over the run "
+          f"{bench_swap_kind.steal_percent(counters, bench_swap_kind.cpu_times()):.0f}%")
     return 0
 
 

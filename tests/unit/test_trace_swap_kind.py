@@ -50,3 +50,10 @@ def test_lines_are_named_by_pod_and_by_the_ids_a_named_line_introduced() -> None
         (1.4, "containerd: StartContainer (b)"),
         (1.6, "kubelet: pod deletion seen (a)"),
     ]
+
+
+def test_steal_is_the_share_of_the_eighth_counter_between_two_readings() -> None:
+    t = tracer()
+    before = [100, 0, 50, 800, 0, 0, 0, 50, 0, 0]
+    after = [160, 0, 70, 840, 0, 0, 0, 130, 0, 0]  # 200 ticks passed, 80 of them stolen
+    assert t.bench_swap_kind.steal_percent(before, after) == 40.0
