@@ -174,7 +174,7 @@ async def main() -> int:
             sums: dict[str, float] = {}
             counts: dict[str, float] = {}
             for sample in family.samples:
-                if sample.labels.get("namespace") != ns:
+                if sample.labels.get("namespace") != ns or sample.labels.get("pool") != "swap":
                     continue
                 phase = sample.labels.get("phase", "?")
                 if sample.name.endswith("_sum"):

@@ -131,7 +131,10 @@ def reconciler_stamps(kubectl: Kubectl, since_wall: float, offset: float,
             continue
         if wall < since_wall or namespace not in raw:
             continue
-        hop = trace_swap.reconciler_hop(line)
+        message = str(line.get("message", ""))
+        hop = trace_swap.reconciler_hop(line) or (
+            f"reconciler {message.split(' to the scheduler')[0]}"
+            if message.startswith("released ") else None)
         if hop:
             stamps.append(trace_swap.Stamp(wall - offset, hop))
     return stamps
