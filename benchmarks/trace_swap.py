@@ -229,10 +229,21 @@ def fake_model_hop(member: str) -> Callable[[Json], str | None]:
     return pick
 
 
-async def one_swap(
-    kubectl: Kubectl, namespace: str, url: str, target: str, layout: StateLayout,
-    reconciler: harness.Pod, recorder: Recorder, session: aiohttp.ClientSession,
-) -> list[Stamp]:
+@dataclass(frozen=True)
+class Timed:
+    """One swap's request: when it was sent (monotonic and wall clock), the offset from
+    one clock to the other, and the seconds to its first byte."""
+
+    t0: float
+    wall0: float
+    offset: float  # wall - monotonic
+    first: float
+
+
+async def time_swap(session: aiohttp.ClientSession, url: str, target: str,
+                    recorder: Recorder, kubectl: Any, namespace: str) -> Timed:
+    """Ask the router at `url` for `target`, stamp the first byte, and wait until the pool
+    is Ready with it and the swap's late watch events (slices, statuses) have arrived."""
     recorder.reset()
     offset = time.time() - time.monotonic()
     wall0 = time.time()
@@ -241,7 +252,16 @@ async def one_swap(
     recorder.mark("first byte", t0 + first)
     await asyncio.to_thread(harness.wait_pool_ready, kubectl, namespace, bench_swap.WARM_POOL,
                             target, 60.0)
-    await asyncio.sleep(0.3)  # late watch events of this swap (slices, statuses) arrive
+    await asyncio.sleep(0.5)
+    return Timed(t0, wall0, offset, first)
+
+
+async def one_swap(
+    kubectl: Kubectl, namespace: str, url: str, target: str, layout: StateLayout,
+    reconciler: harness.Pod, recorder: Recorder, session: aiohttp.ClientSession,
+) -> list[Stamp]:
+    timed = await time_swap(session, url, target, recorder, kubectl, namespace)
+    t0, wall0, offset = timed.t0, timed.wall0, timed.offset
     stamps = [Stamp(t0, "request sent"), *recorder.stamps]
     stamps += log_stamps(layout.log("node-agent"), wall0, offset, node_agent_hop)
     recon_dir = harness.pod_directory(layout.node_state, reconciler)

@@ -29,7 +29,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -178,16 +177,9 @@ async def run(options: argparse.Namespace) -> None:
                 target, incumbent = ("b", "a") if i % 2 == 0 else ("a", "b")
                 pods = {p["metadata"]["name"]: harness_member(p) for p in kubectl.json(
                     "get", "pods", "-n", namespace, "-l", harness.LABEL_SERVER)["items"]}
-                recorder.reset()
-                offset = time.time() - time.monotonic()
-                wall0 = time.time()
-                t0 = time.monotonic()
-                first = await bench_swap.first_byte(session, url, target)
-                recorder.mark("first byte", t0 + first)
-                await asyncio.to_thread(harness.wait_pool_ready, kubectl, namespace, POOL,
-                                        target, 60.0)
-                # the watches' late events of this swap (statuses, slices) arrive
-                await asyncio.sleep(0.5)
+                timed = await trace_swap.time_swap(session, url, target, recorder, kubectl,
+                                                   namespace)
+                t0, wall0, offset, first = timed.t0, timed.wall0, timed.offset, timed.first
                 pods.update({p["metadata"]["name"]: harness_member(p) for p in kubectl.json(
                     "get", "pods", "-n", namespace, "-l", harness.LABEL_SERVER)["items"]})
                 stamps = [trace_swap.Stamp(t0, "request sent"), *recorder.stamps]

@@ -255,15 +255,8 @@ class Kube:
         self, resource: Resource, namespace: str | None, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
         """A strategic merge patch of an object others own (a pod's scheduling gates)."""
-        return await self.request(
-            "PATCH",
-            resource,
-            namespace,
-            name,
-            params={"fieldManager": FIELD_MANAGER},
-            body=dict(patch),
-            content_type="application/strategic-merge-patch+json",
-        )
+        return await self._patch(resource, namespace, name, dict(patch),
+                                 "application/strategic-merge-patch+json")
 
     async def merge_patch_status(
         self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
@@ -283,12 +276,18 @@ class Kube:
     async def _patch_status(
         self, resource: Resource, namespace: str, name: str, body: Any, content_type: str
     ) -> dict[str, Any]:
+        return await self._patch(resource, namespace, name, body, content_type, sub="status")
+
+    async def _patch(
+        self, resource: Resource, namespace: str | None, name: str, body: Any,
+        content_type: str, sub: str | None = None,
+    ) -> dict[str, Any]:
         return await self.request(
             "PATCH",
             resource,
             namespace,
             name,
-            sub="status",
+            sub=sub,
             params={"fieldManager": FIELD_MANAGER},
             body=body,
             content_type=content_type,
