@@ -81,7 +81,8 @@ class Recorder:
         self.seen.clear()
 
 
-def _member(obj: Json) -> str:
+def member_of(obj: Json) -> str:
+    """The member an object belongs to (its server label, or its Service's), else '?'."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return str(labels.get(harness.LABEL_SERVER) or
                labels.get("kubernetes.io/service-name") or "?")
@@ -93,7 +94,7 @@ def describe(kind: str, type_: str, obj: Json) -> list[str]:
         "status") or {}
     name = meta.get("name", "?")
     if kind == "pods":
-        member = _member(obj)
+        member = member_of(obj)
         if member == "?":
             return []
         hops = []
@@ -119,7 +120,7 @@ def describe(kind: str, type_: str, obj: Json) -> list[str]:
         return hops
     if kind in ("replicasets.apps", "deployments.apps"):
         short = "rs" if kind.startswith("replicasets") else "deploy"
-        member = _member(obj)
+        member = member_of(obj)
         if member == "?":
             return []
         hops = [f"{short} {member} spec.replicas={spec.get('replicas')}"]
@@ -139,7 +140,7 @@ def describe(kind: str, type_: str, obj: Json) -> list[str]:
         hops.append(f"pool phase {status.get('phase')}")
         return hops
     if kind.startswith("endpointslices"):
-        member = _member(obj)
+        member = member_of(obj)
         ready = [e for e in obj.get("endpoints") or []
                  if (e.get("conditions") or {}).get("ready")]
         return [f"slice {member} ready={len(ready)}"]

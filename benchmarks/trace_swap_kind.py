@@ -58,7 +58,6 @@ JOURNAL_HOPS = (
     ("ContainerDied", "kubelet PLEG: container died"),
     ("ContainerStarted", "kubelet PLEG: container or sandbox started"),
     ("RunPodSandbox for", "containerd: RunPodSandbox"),
-    ("returns sandbox id", "containerd: sandbox running"),
     ("CreateContainer within sandbox", "containerd: CreateContainer"),
     ("StartContainer for", "containerd: StartContainer"),
     ("returns successfully", "containerd: call done"),
@@ -175,12 +174,12 @@ async def run(options: argparse.Namespace) -> None:
             await bench_swap.first_byte(session, url, "a")
             for i in range(options.swaps):
                 target, incumbent = ("b", "a") if i % 2 == 0 else ("a", "b")
-                pods = {p["metadata"]["name"]: harness_member(p) for p in kubectl.json(
+                pods = {p["metadata"]["name"]: trace_swap.member_of(p) for p in kubectl.json(
                     "get", "pods", "-n", namespace, "-l", harness.LABEL_SERVER)["items"]}
                 timed = await trace_swap.time_swap(session, url, target, recorder, kubectl,
                                                    namespace)
                 t0, wall0, offset, first = timed.t0, timed.wall0, timed.offset, timed.first
-                pods.update({p["metadata"]["name"]: harness_member(p) for p in kubectl.json(
+                pods.update({p["metadata"]["name"]: trace_swap.member_of(p) for p in kubectl.json(
                     "get", "pods", "-n", namespace, "-l", harness.LABEL_SERVER)["items"]})
                 stamps = [trace_swap.Stamp(t0, "request sent"), *recorder.stamps]
                 stamps += journal_stamps(journal(bench_swap_kind.NODE, wall0 - 0.5),
@@ -216,9 +215,6 @@ async def run(options: argparse.Namespace) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
-
-def harness_member(pod: harness.Json) -> str:
-    return str(pod["metadata"]["labels"][harness.LABEL_SERVER])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
