@@ -21,7 +21,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar import activation, kube
+from sidecar import activation, errors, http_server, kube
 from sidecar.app import Activation, Live, make_app
 from sidecar.auth import ApiKeys, load_keys, parse_keys
 from sidecar.config import ConfigError, RouterConfig, load_config, parse_config
@@ -102,13 +102,9 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         loop.add_signal_handler(sig, stopping.set)
 
     listen = settings.listen
-    api = web.AppRunner(
-        make_app(live, activation, metrics, connect_timeout=settings.connect_timeout_seconds),
-        access_log=None,
-        # A client that leaves cancels its handler: a held request gives up its place.
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace_seconds,
-    )
+    api = make_app(live, activation, metrics, connect_timeout=settings.connect_timeout_seconds)
+    # A client that leaves cancels its handler: a held request gives up its place.
+    api_server = http_server.Server(api, max_body=api.max_body, errors=errors.SERVER_ERRORS)
     # On its own port so probes and scrapes never queue behind model traffic; ready while
     # the router can route (the activator is ready and it is not shutting down).
     health = web.AppRunner(
@@ -127,10 +123,8 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
                     )
                 ),
             ]
-            await api.setup()
             # Thousands of clients may connect at once (held during a swap).
-            api_site = web.TCPSite(api, listen.host, listen.port, backlog=API_BACKLOG)
-            await api_site.start()
+            await api_server.start(listen.host, listen.port, backlog=API_BACKLOG)
             await health.setup()
             await web.TCPSite(health, listen.host, listen.metrics_port).start()
             logger.info(
@@ -144,16 +138,18 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
             await stopping.wait()
 
             logger.info("shutting down: no new connections, answering held requests")
-            await api_site.stop()
+            api_server.stop_accepting()
             await activation.shutdown(settings.shutdown_retry_after_seconds)
-            await api.cleanup()  # waits for in-flight requests up to the grace period
+            # Waits for in-flight requests up to the grace period.
+            await api_server.shutdown(settings.shutdown_grace_seconds)
             logger.info("in-flight requests done")
             for task in background:
                 task.cancel()
     finally:
-        for runner in (api, health):
-            if runner.server is not None:  # set up and not yet cleaned up
-                await runner.cleanup()
+        await api_server.shutdown(0)
+        api.close()
+        if health.server is not None:  # set up and not yet cleaned up
+            await health.cleanup()
 
 
 def run(work: Coroutine[Any, Any, None]) -> None:

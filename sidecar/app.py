@@ -1,9 +1,10 @@
 """The OpenAI-compatible API: routes a request by its `model`, activates, forwards.
 
-This module is the router's shell around the pure parts (routing, auth, errors): it reads
-the body once, asks the activator for a target, and hands the bytes to `upstream`, the
-only module that talks to model servers. The activator is reached through the
-`Activation` protocol below, which `sidecar.activation.Activation` satisfies.
+This module is the router's shell around the pure parts (routing, auth, errors): it takes
+the body the server read (`sidecar.http_server`), asks the activator for a target, and
+hands the bytes to `upstream`, the only module that talks to model servers. The activator
+is reached through the `Activation` protocol below, which `sidecar.activation.Activation`
+satisfies.
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ import functools
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
-
-from aiohttp import web
 
 from sidecar import errors, fallback, upstream
 from sidecar.auth import NO_KEYS, ApiKeys
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.errors import ProxyError
 from sidecar.held_stream import HeldStream
+from sidecar.http_server import Reply, Request
 from sidecar.metrics import RouterMetrics
 from sidecar.routing import Routes, build_routes
 
@@ -105,15 +106,17 @@ class Proxy:
         self._metrics = metrics
         self._connect_timeout = connect_timeout
         self._clock = clock
+        self.client = upstream.Client(connect_timeout)
+        self._slots = upstream.EndpointSlots(upstream.MAX_IN_FLIGHT_PER_ENDPOINT)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request, reply: Reply) -> None:
         started = self._clock()
         label = UNROUTED
         held: HeldStream | None = None
         try:
             self._authorize(request)
             live = self._live
-            body = await _read_body(request, live.config.max_body_bytes)
+            body = request.body
             model, streamed = _model_of(body)
             backend = live.routes.resolve(model)
             if backend is None:
@@ -126,33 +129,33 @@ class Proxy:
                 body = fallback.with_model(body, rewrite)
             label = backend.name
             if streamed:
-                held = HeldStream(request, backend.name,
+                held = HeldStream(request, reply, backend.name,
                                   live.config.held_stream_keepalive_seconds,
                                   functools.partial(self._activation.hold_progress, backend),
                                   as_content=live.config.held_stream_progress == "content")
-            relay = await self._dispatch(request, backend, body, started, held)
+            relay = await self._dispatch(request, reply, backend, body, started, held)
         except asyncio.CancelledError:
             # The client went away (the server cancels its handler): a held request
             # leaves its place in the queue by this cancellation.
             self._metrics.request_done(label, CLIENT_CLOSED, self._clock() - started)
             raise
         except ProxyError as err:
-            if held is not None and held.started:  # its 200 went out: the error is an event
-                response = await held.error(errors.error_body(err))
-            else:
-                response = errors.error_response(err)
             self._metrics.request_done(label, err.status, self._clock() - started)
             self._metrics.error(label, err.status, err.code)
-            return response
+            if held is not None and held.started:  # its 200 went out: the error is an event
+                await held.error(errors.error_body(err))
+            else:
+                await reply.send(*errors.answer(err))
+            return
         if relay.upstream_failure is not None:
             self._metrics.upstream_error(label, relay.upstream_failure)
-        code = CLIENT_CLOSED if relay.client_gone else relay.answered or relay.response.status
+        code = CLIENT_CLOSED if relay.client_gone else relay.answered or relay.status
         self._metrics.request_done(label, code, self._clock() - started)
-        return relay.response
 
     async def _dispatch(
         self,
-        request: web.Request,
+        request: Request,
+        reply: Reply,
         backend: BackendConfig,
         body: bytes,
         started: float,
@@ -168,7 +171,7 @@ class Proxy:
         def first_chunk() -> None:
             self._metrics.first_byte(backend.name, self._clock() - started)
 
-        slots, client = request.app[upstream.SLOTS], request.app[upstream.CLIENT]
+        slots, client = self._slots, self.client
         read_timeout = live.config.response_header_timeout_seconds
 
         # A request that never reached a live server (the endpoint refused the connection,
@@ -186,6 +189,7 @@ class Proxy:
                         try:
                             return await upstream.forward(
                                 request,
+                                reply,
                                 client,
                                 base_url=endpoint,
                                 body=body,
@@ -194,7 +198,6 @@ class Proxy:
                                 # resident: a hold never eats into it.
                                 read_timeout=read_timeout,
                                 on_first_chunk=first_chunk,
-                                started=held.response if held is not None else None,
                                 answered_by=backend.name,
                             )
                         finally:
@@ -233,28 +236,30 @@ class Proxy:
                 raise err from e
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request, reply: Reply) -> None:
         try:
             self._authorize(request)
         except ProxyError as err:
-            return errors.error_response(err)
+            await reply.send(*errors.answer(err))
+            return
         states = self._activation.model_states()
         data = [_model_entry(name, b, states) for name, b in self._live.routes.names()]
-        return web.json_response({"object": "list", "data": data})
+        await reply.send(200, _JSON, json.dumps({"object": "list", "data": data}).encode())
 
-    async def model(self, request: web.Request) -> web.Response:
+    async def model(self, request: Request, reply: Reply, name: str) -> None:
         """One model by id or alias, as the SDK's `models.retrieve` asks for it."""
         try:
             self._authorize(request)
-            name = request.match_info["model"]
             backend = self._live.routes.by_name.get(name)
             if backend is None:
                 raise errors.model_not_found(name)
         except ProxyError as err:
-            return errors.error_response(err)
-        return web.json_response(_model_entry(name, backend, self._activation.model_states()))
+            await reply.send(*errors.answer(err))
+            return
+        entry = _model_entry(name, backend, self._activation.model_states())
+        await reply.send(200, _JSON, json.dumps(entry).encode())
 
-    def _authorize(self, request: web.Request) -> None:
+    def _authorize(self, request: Request) -> None:
         if not self._live.keys.allows(request.headers.get("Authorization")):
             raise errors.unauthorized()
 
@@ -268,24 +273,6 @@ def _model_entry(name: str, backend: BackendConfig, states: dict[str, str]) -> d
         "backend": backend.name,
         "state": states.get(backend.name, "unavailable"),
     }
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, read once, refused past `limit` bytes without reading the rest."""
-    length = request.content_length
-    if length is not None:
-        if length > limit:
-            raise errors.body_too_large(limit)
-        try:
-            return await request.content.readexactly(length)
-        except asyncio.IncompleteReadError as e:
-            raise errors.bad_request("Request body ended before its Content-Length.") from e
-    chunks = bytearray()
-    async for chunk in request.content.iter_any():
-        chunks += chunk
-        if len(chunks) > limit:
-            raise errors.body_too_large(limit)
-    return bytes(chunks)
 
 
 def _model_of(body: bytes) -> tuple[str, bool]:
@@ -302,7 +289,48 @@ def _model_of(body: bytes) -> tuple[str, bool]:
     return model, payload.get("stream") is True
 
 
-PROXY = web.AppKey("proxy", Proxy)
+_JSON = (("Content-Type", "application/json"),)
+_MODELS = "/v1/models"
+
+
+class Api:
+    """The API port's routes: the request handler of `sidecar.http_server.Server`."""
+
+    def __init__(self, proxy: Proxy, live: Live) -> None:
+        self.proxy = proxy
+        self._live = live
+
+    @property
+    def client(self) -> upstream.Client:
+        return self.proxy.client
+
+    def max_body(self) -> int:
+        return self._live.config.max_body_bytes
+
+    async def __call__(self, request: Request, reply: Reply) -> None:
+        path, method = request.path, request.method
+        if path in COMPLETION_PATHS:
+            if method == "POST":
+                await self.proxy.completions(request, reply)
+                return
+            allowed = "POST"
+        elif path == _MODELS or path.startswith(_MODELS + "/"):
+            if method == "GET":
+                if path == _MODELS:
+                    await self.proxy.models(request, reply)
+                else:
+                    name = urllib.parse.unquote(path[len(_MODELS) + 1:])
+                    await self.proxy.model(request, reply, name)
+                return
+            allowed = "GET"
+        else:
+            await reply.send(*errors.answer(errors.not_found(path)))
+            return
+        status, headers, body = errors.answer(errors.method_not_allowed(method, path))
+        await reply.send(status, [*headers, ("Allow", allowed)], body)
+
+    def close(self) -> None:
+        self.proxy.client.close()
 
 
 def make_app(
@@ -312,14 +340,7 @@ def make_app(
     *,
     connect_timeout: float = 5.0,
     clock: Callable[[], float] = time.monotonic,
-) -> web.Application:
-    """The API application; its upstream session lives and dies with it."""
+) -> Api:
+    """The API's request handler; `close()` it once its server is shut down."""
     proxy = Proxy(live, activation, metrics, connect_timeout=connect_timeout, clock=clock)
-    app = web.Application()
-    app[PROXY] = proxy
-    app.cleanup_ctx.append(upstream.client_context(connect_timeout))
-    for path in COMPLETION_PATHS:
-        app.router.add_post(path, proxy.completions)
-    app.router.add_get("/v1/models", proxy.models)
-    app.router.add_get("/v1/models/{model}", proxy.model)
-    return app
+    return Api(proxy, live)

@@ -1,8 +1,9 @@
 """The router's error vocabulary: OpenAI error JSON and one translation from library errors.
 
 Every failure a client can see leaves the router as `{"error": {"message", "type", "param",
-"code"}}` with the status the design fixes: 400 bad body, 401 missing key, 404 unknown
-model, 413 body too large, 502 upstream refused or broke, 503 (with `Retry-After`) when
+"code"}}` with the status the design fixes: 400 bad body (or a garbled request), 401
+missing key, 404 unknown model (or path), 405 wrong method, 413 body too large, 500 a
+failure of the router itself, 502 upstream refused or broke, 503 (with `Retry-After`) when
 activation refuses to hold or the router has no file descriptor left to reach the
 upstream (which is then not reported unreachable), 504 upstream timeout. Never 429.
 """
@@ -12,10 +13,9 @@ from __future__ import annotations
 import json
 import math
 
-from aiohttp import web
-
 from sidecar import upstream
 from sidecar.activation import ActivationError
+from sidecar.http_server import Answer
 
 # How much of an upstream's own words we echo back in a message.
 _MAX_ECHO = 200
@@ -66,6 +66,16 @@ def model_not_found(model: str) -> ProxyError:
         code="model_not_found",
         param="model",
     )
+
+
+def not_found(path: str) -> ProxyError:
+    return ProxyError(404, f"No such path on this router: {_truncate(path)}",
+                      type="invalid_request_error", code="unknown_url")
+
+
+def method_not_allowed(method: str, path: str) -> ProxyError:
+    return ProxyError(405, f"{_truncate(method)} is not allowed on {_truncate(path)}.",
+                      type="invalid_request_error", code="method_not_allowed")
 
 
 def body_too_large(limit: int) -> ProxyError:
@@ -130,6 +140,10 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_failed",
             kind="disconnect",
         )
+    return internal()
+
+
+def internal() -> ProxyError:
     return ProxyError(500, "Internal router error.", type="server_error", code="internal_error")
 
 
@@ -149,16 +163,28 @@ def error_body(err: ProxyError) -> dict[str, dict[str, str | None]]:
     }
 
 
-def error_response(err: ProxyError) -> web.Response:
-    headers = {}
+def answer(err: ProxyError) -> Answer:
+    """`err` as a whole answer: status, headers, JSON body."""
+    headers = [("Content-Type", "application/json")]
     if err.retry_after is not None:
-        headers["Retry-After"] = str(max(0, math.ceil(err.retry_after)))
-    return web.Response(
-        status=err.status,
-        body=json.dumps(error_body(err)).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
+        headers.append(("Retry-After", str(max(0, math.ceil(err.retry_after)))))
+    return err.status, headers, json.dumps(error_body(err)).encode()
+
+
+class _ServerErrors:
+    """What the API server answers on its own (`sidecar.http_server.ErrorAnswers`)."""
+
+    def malformed(self, detail: str) -> Answer:
+        return answer(bad_request(f"Malformed HTTP request: {detail}"))
+
+    def too_large(self, limit: int) -> Answer:
+        return answer(body_too_large(limit))
+
+    def internal(self) -> Answer:
+        return answer(internal())
+
+
+SERVER_ERRORS = _ServerErrors()
 
 
 def _truncate(text: str) -> str:

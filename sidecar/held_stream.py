@@ -20,12 +20,13 @@ ends. Requests that are not streamed are held as before, with no early answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from aiohttp import web
+from sidecar.http_server import Reply, Request
 
 # A member that answers within this is not held: its stream starts as the upstream's does.
 HOLD_NOTICE_AFTER = 0.1
@@ -41,20 +42,21 @@ def sse_event(body: Mapping[str, object]) -> bytes:
 class HeldStream:
     """The early response of one streamed request, once it is held."""
 
-    def __init__(self, request: web.Request, what: str, interval: float,
+    def __init__(self, request: Request, reply: Reply, what: str, interval: float,
                  progress: Callable[[], str], *, as_content: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         self._request = request
+        self._reply = reply
         self._what = what
         self._interval = interval
         self._progress = progress
         self._as_content = as_content
         self._clock = clock
-        self.response: web.StreamResponse | None = None
 
     @property
     def started(self) -> bool:
-        return self.response is not None
+        """Whether the early answer went out: the upstream's events continue it."""
+        return self._reply.started
 
     async def hold(self, entering: Awaitable[T]) -> T:
         """`entering` (the activator's acquire), keeping the stream alive while it waits."""
@@ -71,21 +73,19 @@ class HeldStream:
             raise
 
     async def _comment(self, since: float) -> None:
-        if self.response is None:
-            response = web.StreamResponse(status=200, headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",  # nginx in front: pass the comments on at once
-                "X-Modelpool-Backend": self._what,  # sidecar.fallback.ANSWERED_BY
-            })
-            await response.prepare(self._request)
-            self.response = response
+        if not self._reply.started:
+            await self._reply.start(200, (
+                ("Content-Type", "text/event-stream"),
+                ("Cache-Control", "no-cache"),
+                ("X-Accel-Buffering", "no"),  # nginx in front: pass the comments on at once
+                ("X-Modelpool-Backend", self._what),  # sidecar.fallback.ANSWERED_BY
+            ))
         waited = self._clock() - since + HOLD_NOTICE_AFTER
         text = f"loading {self._what}, {waited:.0f} s, {self._progress()}"
         if self._as_content:
-            await self.response.write(self._delta(text + "\n"))
+            await self._reply.write(self._delta(text + "\n"))
         else:
-            await self.response.write(f": {text}\n\n".encode())
+            await self._reply.write(f": {text}\n\n".encode())
 
     def _delta(self, text: str) -> bytes:
         """`text` as a visible chunk of the kind the request streams (chat or text)."""
@@ -101,12 +101,7 @@ class HeldStream:
                      "choices": [{"index": 0, "text": text, "finish_reason": None}]}
         return sse_event(chunk)
 
-    async def error(self, body: Mapping[str, object]) -> web.StreamResponse:
+    async def error(self, body: Mapping[str, object]) -> None:
         """End the started stream with `body` (OpenAI error JSON) as its last event."""
-        assert self.response is not None
-        try:
-            await self.response.write(sse_event(body))
-            await self.response.write_eof()
-        except ConnectionError:
-            pass  # the client is gone; nothing is left to tell
-        return self.response
+        with contextlib.suppress(ConnectionError):  # a client gone has nothing left to hear
+            await self._reply.end(sse_event(body))

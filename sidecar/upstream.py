@@ -1,8 +1,8 @@
 """The one place the router makes upstream HTTP calls.
 
-One `Client` (keep-alive HTTP/1.1 connections per endpoint) per application, created and
-closed in `cleanup_ctx`. Bodies pass through unchanged (no decompression, no re-encoding)
-and responses stream chunk by chunk into a `StreamResponse`, so server-sent events reach
+One `Client` (keep-alive HTTP/1.1 connections per endpoint) per API (`sidecar.app.Api`).
+Bodies pass through unchanged (no decompression, no re-encoding) and answers stream chunk
+by chunk into the client's `Reply` (`sidecar.http_server`), so server-sent events reach
 the client as the model emits them.
 """
 
@@ -16,16 +16,16 @@ import functools
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 
 import httptools
 import yarl
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import MultiMapping
 
 from sidecar import held_stream
+from sidecar.http_server import Reply, Request
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,6 @@ class EndpointSlots:
             del self._busy[endpoint]
 
 
-SLOTS = web.AppKey("upstream_slots", EndpointSlots)
-
 # RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones.
 HOP_BY_HOP = frozenset(
     {
@@ -116,6 +114,8 @@ HOP_BY_HOP = frozenset(
 # Written by the client from the body it sends; never copied from the client.
 _REQUEST_OWN = frozenset({"host", "content-length"})
 _REQUEST_SKIP = HOP_BY_HOP | _REQUEST_OWN
+# Written by the router's server for the client.
+_RESPONSE_SKIP = HOP_BY_HOP | {"content-length", "date"}
 
 # An idle pooled connection older than this is closed rather than reused, so a request
 # rarely meets one the server is closing at the same moment (aiohttp's default).
@@ -164,7 +164,7 @@ class Disconnected(UpstreamError):
 class Relay:
     """How a forwarded response ended once it had started."""
 
-    response: web.StreamResponse
+    status: int  # what the client was answered (0: nothing)
     # Set when the upstream broke mid-response (kind for metrics); the client's
     # connection has then been closed so it cannot mistake a truncated body for a whole one.
     upstream_failure: str | None = None
@@ -455,30 +455,13 @@ def _parse_endpoint(base_url: str) -> _Endpoint:
     )
 
 
-CLIENT = web.AppKey("upstream_client", Client)
-
-
-def client_context(
-    connect_timeout: float,
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        client = app[CLIENT] = Client(connect_timeout)
-        app[SLOTS] = EndpointSlots(MAX_IN_FLIGHT_PER_ENDPOINT)
-        yield
-        client.close()
-
-    return ctx
-
-
 # --- headers ------------------------------------------------------------------------------
 
 
 _NOTHING: frozenset[str] = frozenset()
 
 
-def request_headers(
-    headers: CIMultiDictProxy[str], *, drop: frozenset[str] = _NOTHING
-) -> bytes:
+def request_headers(headers: MultiMapping[str], *, drop: frozenset[str] = _NOTHING) -> bytes:
     """The client's header lines minus hop-by-hop ones and any in `drop`, ready to send."""
     connection = headers.getall("Connection", None)
     listed = _connection_tokens(connection) if connection else _NOTHING
@@ -491,22 +474,23 @@ def request_headers(
     return "".join(lines).encode("utf-8", "surrogateescape")
 
 
-def response_headers(raw: list[tuple[bytes, bytes]]) -> CIMultiDict[str]:
-    """The upstream's headers minus hop-by-hop ones and whatever `Connection` lists."""
-    out: CIMultiDict[str] = CIMultiDict()
+def response_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The upstream's headers minus hop-by-hop ones, whatever `Connection` lists, and the
+    framing the router writes itself (`Content-Length`, `Date`)."""
+    out: list[tuple[str, str]] = []
     connection: list[str] = []
     for name, value in raw:
         key = name.decode("latin-1")
         text = value.decode("utf-8", "surrogateescape")
         low = key.lower()
-        if low in HOP_BY_HOP:
+        if low in _RESPONSE_SKIP:
             if low == "connection":
                 connection.append(text)
             continue
-        out.add(key, text)
+        out.append((key, text))
     if connection:
-        for token in _connection_tokens(connection):
-            out.popall(token, None)
+        listed = _connection_tokens(connection)
+        out = [(k, v) for k, v in out if k.lower() not in listed]
     return out
 
 
@@ -520,7 +504,8 @@ def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
 
 
 async def forward(
-    request: web.Request,
+    request: Request,
+    reply: Reply,
     client: Client,
     *,
     base_url: str,
@@ -528,17 +513,15 @@ async def forward(
     headers: bytes,
     read_timeout: float,
     on_first_chunk: Callable[[], None],
-    started: web.StreamResponse | None = None,
     answered_by: str | None = None,
 ) -> Relay:
-    """Send `body` to `base_url` + the request's path and stream the answer back to the
-    client of `request`.
+    """Send `body` to `base_url` + the request's path and stream the answer back in
+    `reply`.
 
-    Errors before the response starts are `UpstreamError`s and propagate (the caller
+    Errors before the answer starts are `UpstreamError`s and propagate (the caller
     translates them into an error answer); after it has started they end the relay.
-    `started` is a response already sent to the client (a held stream, `held_stream`):
-    the upstream's events continue it, and an upstream error status becomes its last
-    event.
+    A `reply` already started (a held stream, `held_stream`) is continued by the
+    upstream's events, and an upstream error status becomes its last event.
     """
     endpoint = client.endpoint(base_url)
     head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
@@ -571,26 +554,34 @@ async def forward(
             conn = await client.open(endpoint, fresh=True)
             conn.send(request_bytes)
             await conn.head(read_timeout)
-        if started is not None:
-            relay = await _relay_into(request, conn, started, read_timeout, on_first_chunk)
+        if reply.started:
+            relay = await _relay_into(request, reply, conn, read_timeout, on_first_chunk)
             finished = relay.upstream_failure is None and not relay.client_gone
             return relay
         length = _content_length(conn.headers)
-        # A body of known length is one whole answer: its headers go out with its first
-        # bytes. Anything else (SSE, chunked) gets its headers at once.
-        kind = web.StreamResponse if length is None else _WholeResponse
         out_headers = response_headers(conn.headers)
         if answered_by is not None:
-            out_headers["X-Modelpool-Backend"] = answered_by  # sidecar.fallback.ANSWERED_BY
-        response = kind(status=conn.status, reason=conn.reason or None, headers=out_headers)
-        try:
-            await response.prepare(request)
-        except ConnectionError:
-            return Relay(response, client_gone=True)
+            out_headers.append(("X-Modelpool-Backend", answered_by))  # fallback.ANSWERED_BY
         if length is not None and length <= WHOLE_REPLY_BYTES:
-            relay = await _relay_whole(request, conn, response, read_timeout, on_first_chunk)
-        else:
-            relay = await _relay_chunks(request, conn, response, read_timeout, on_first_chunk)
+            # A body of known length is one whole answer: its head goes out with it.
+            try:
+                whole = await conn.whole(read_timeout)
+            except (Disconnected, ReadTimedOut) as e:
+                return _broken(request, reply, e)
+            on_first_chunk()
+            try:
+                await reply.send(conn.status, out_headers, whole, reason=conn.reason or None)
+            except ConnectionError:
+                return Relay(conn.status, client_gone=True)
+            finished = True
+            return Relay(conn.status)
+        # Anything else (SSE, chunked, large) gets its head at once, then each chunk.
+        try:
+            await reply.start(conn.status, out_headers, reason=conn.reason or None,
+                              length=length)
+        except ConnectionError:
+            return Relay(conn.status, client_gone=True)
+        relay = await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
         finished = relay.upstream_failure is None and not relay.client_gone
         return relay
     finally:
@@ -600,12 +591,13 @@ async def forward(
             conn.close()  # an answer may still be on its way: this connection is spent
 
 
-def _target(request: web.Request) -> bytes:
+def _target(request: Request) -> bytes:
     """The request's path and query as the client sent them (an absolute-form target, as
     a client configured for a proxy sends, loses its scheme and host)."""
-    raw = request.raw_path
+    raw = request.target
     if not raw.startswith("/"):
-        raw = request.rel_url.raw_path_qs
+        query = raw.find("?")
+        raw = request.path + (raw[query:] if query >= 0 else "")
     return raw.encode("utf-8", "surrogateescape")
 
 
@@ -622,40 +614,21 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
 WHOLE_REPLY_BYTES = 64 * 1024
 
 
-async def _relay_whole(
-    request: web.Request,
-    conn: _Connection,
-    response: web.StreamResponse,
-    read_timeout: float,
-    on_first_chunk: Callable[[], None],
-) -> Relay:
-    try:
-        whole = await conn.whole(read_timeout)
-    except (Disconnected, ReadTimedOut) as e:
-        return _broken(request, response, e)
-    on_first_chunk()
-    try:
-        await response.write_eof(whole)
-    except ConnectionError:
-        return Relay(response, client_gone=True)
-    return Relay(response)
-
-
 async def _relay_into(
-    request: web.Request,
+    request: Request,
+    reply: Reply,
     conn: _Connection,
-    response: web.StreamResponse,
     read_timeout: float,
     on_first_chunk: Callable[[], None],
 ) -> Relay:
     """The upstream's answer into a stream the client already has: its events as they
     come, or its error status as one OpenAI-shaped error event."""
     if conn.status == 200:
-        return await _relay_chunks(request, conn, response, read_timeout, on_first_chunk)
+        return await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
     try:
         whole = await conn.whole(read_timeout)
     except (Disconnected, ReadTimedOut) as e:
-        return _broken(request, response, e)
+        return _broken(request, reply, e)
     on_first_chunk()
     try:
         body = json.loads(whole)
@@ -666,17 +639,16 @@ async def _relay_into(
         body = {"error": {"message": f"The backend answered {conn.status}: {text}",
                           "type": "upstream_error", "param": None, "code": "upstream_status"}}
     try:
-        await response.write(held_stream.sse_event(body))
-        await response.write_eof()
+        await reply.end(held_stream.sse_event(body))
     except ConnectionError:
-        return Relay(response, client_gone=True, answered=conn.status)
-    return Relay(response, answered=conn.status)
+        return Relay(reply.status, client_gone=True, answered=conn.status)
+    return Relay(reply.status, answered=conn.status)
 
 
 async def _relay_chunks(
-    request: web.Request,
+    request: Request,
+    reply: Reply,
     conn: _Connection,
-    response: web.StreamResponse,
     read_timeout: float,
     on_first_chunk: Callable[[], None],
 ) -> Relay:
@@ -686,21 +658,21 @@ async def _relay_chunks(
         try:
             chunk = await conn.chunk(read_timeout)
         except (Disconnected, ReadTimedOut) as e:
-            return _broken(request, response, e)
+            return _broken(request, reply, e)
         if first:
             on_first_chunk()
             first = False
         if not chunk:
             break  # end of body
         try:
-            await response.write(chunk)
+            await reply.write(chunk)
         except ConnectionError:
-            return Relay(response, client_gone=True)
+            return Relay(reply.status, client_gone=True)
     try:
-        await response.write_eof()
+        await reply.end()
     except ConnectionError:
-        return Relay(response, client_gone=True)
-    return Relay(response)
+        return Relay(reply.status, client_gone=True)
+    return Relay(reply.status)
 
 
 async def reachable(base_url: str, connect_timeout: float) -> bool:
@@ -747,19 +719,8 @@ async def probe_ready(host: str, port: int, path: str, probe_timeout: float) -> 
     return len(parts) >= 2 and parts[0].startswith(b"HTTP/1.") and parts[1] == b"200"
 
 
-class _WholeResponse(web.StreamResponse):
-    """Streams like its parent, but sends its headers with the first chunk of the body:
-    one segment instead of two for a typical JSON answer, which halves the client's reads.
-    (`_send_headers_immediately` is aiohttp's own switch, false for `web.Response`.)"""
-
-    _send_headers_immediately = False
-
-
-def _broken(
-    request: web.Request, response: web.StreamResponse, exc: Disconnected | ReadTimedOut
-) -> Relay:
+def _broken(request: Request, reply: Reply, exc: Disconnected | ReadTimedOut) -> Relay:
     logger.warning("upstream failed mid-response for %s: %s", request.path, exc)
-    if request.transport is not None:
-        request.transport.close()
+    reply.abort()
     kind = "timeout" if isinstance(exc, ReadTimedOut) else "disconnect"
-    return Relay(response, upstream_failure=kind)
+    return Relay(reply.status, upstream_failure=kind)

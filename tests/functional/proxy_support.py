@@ -17,7 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
+from sidecar import errors, http_server
 from sidecar.activation import ActivationError
+from sidecar.app import Api
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.metrics import RouterMetrics
 
@@ -80,15 +82,25 @@ class FakeUpstream:
 
 
 @asynccontextmanager
-async def serve_app(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
-    """Serve `app` on a free loopback port; yields its base URL."""
+async def serve_app(app: web.Application | Api, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve `app` on a free loopback port; yields its base URL. The router's API is
+    served by its own server, as `python -m sidecar` serves it; a fake upstream by aiohttp."""
+    if isinstance(app, Api):
+        server = http_server.Server(app, max_body=app.max_body, errors=errors.SERVER_ERRORS)
+        await server.start(host, 0)
+        try:
+            yield f"http://{host}:{server.port}"
+        finally:
+            await server.shutdown(0)
+            app.close()
+        return
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()
-    server = site._server
-    assert server is not None
-    port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+    listening = site._server
+    assert listening is not None
+    port = listening.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     try:
         yield f"http://{host}:{port}"
     finally:

@@ -120,7 +120,7 @@ async def running_proxy(suffix: str = "", **params: Any) -> AsyncIterator[Proxy]
     app = make_app(Live(config), StandInActivation(config, metrics), metrics, connect_timeout=2)
     try:
         async with serve_app(app) as url, aiohttp.ClientSession() as http:
-            yield Proxy(url, raw, registry, http, app[upstream.CLIENT])
+            yield Proxy(url, raw, registry, http, app.client)
     finally:
         server.close()
         # The router has closed its connections: every handler ends on its own.

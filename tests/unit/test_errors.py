@@ -76,18 +76,17 @@ def test_a_proxy_error_translates_to_itself() -> None:
 def test_retry_after_is_whole_seconds_rounded_up(
     retry_after: float | None, header: str | None
 ) -> None:
-    response = errors.error_response(errors.translate(_refusal(retry_after), "coder"))
-    assert response.status == 503
-    assert response.headers.get("Retry-After") == header
+    status, headers, _ = errors.answer(errors.translate(_refusal(retry_after), "coder"))
+    assert status == 503
+    assert dict(headers).get("Retry-After") == header
 
 
 def test_error_body_is_openai_shaped_and_truncates_echoes() -> None:
     err = errors.model_not_found("m" * 1000)
-    response = errors.error_response(err)
-    assert response.status == 404
-    assert response.content_type == "application/json"
-    assert response.body is not None
-    body = json.loads(response.body)  # type: ignore[arg-type]
+    status, headers, raw = errors.answer(err)
+    assert status == 404
+    assert dict(headers)["Content-Type"] == "application/json"
+    body = json.loads(raw)
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["param"] == "model"

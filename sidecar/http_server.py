@@ -1,0 +1,475 @@
+"""The router's own HTTP/1.1 server, for its API port.
+
+aiohttp's server cost the router about as much CPU per proxied request as everything
+else it does (request and response objects, a task per connection and one per request,
+its stream reader and writer; docs/benchmarks.md). What the API port needs is small:
+parse a request with `httptools` (llhttp, C), hand its whole body to one handler, and
+write the answer whole or streamed. Everything else is the router's business:
+
+- **one request at a time per connection**: pipelined requests queue and are answered in
+  order; past `_MAX_QUEUED` reading pauses;
+- **bodies are read whole before the handler runs**, up to `max_body()` bytes: a
+  `Content-Length` over it is answered 413 at once, unread, and the connection closes;
+  `Expect: 100-continue` is answered `100 Continue` only when the body may come;
+- **a client that leaves cancels its handler** (a held request gives up its place). A
+  client's end of input is taken for leaving, as a closed socket and a half-closed one
+  look the same until something is written;
+- answers of known length go out as one write; streamed ones use chunked transfer
+  coding (close-delimited for an HTTP/1.0 client); writing waits while the client's
+  socket buffer is full;
+- idle keep-alive connections close after `keepalive_timeout` seconds;
+- `shutdown(grace)` closes idle connections, lets handlers finish within `grace`, then
+  cancels them.
+
+Errors the server answers itself (a garbled request, a body too large, a handler that
+failed before answering) are OpenAI-shaped, like every other error of the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import email.utils
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from http import HTTPStatus
+from typing import Protocol, cast
+
+import httptools
+from multidict import CIMultiDict
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE_SECONDS = 75.0  # aiohttp's default, which clients and proxies have met so far
+# Pipelined requests waiting for their turn before the server stops reading.
+_MAX_QUEUED = 8
+
+Header = tuple[str, str]
+
+
+class Request:
+    """One parsed request, its body read whole."""
+
+    __slots__ = ("body", "headers", "http11", "keep_alive", "method", "path", "target")
+
+    def __init__(self, method: str, target: str, headers: CIMultiDict[str], body: bytes,
+                 http11: bool, keep_alive: bool) -> None:
+        self.method = method
+        self.target = target  # as the client sent it: path and query, or an absolute URL
+        self.path = _path_of(target)
+        self.headers = headers
+        self.body = body
+        self.http11 = http11
+        self.keep_alive = keep_alive
+
+
+def _path_of(target: str) -> str:
+    if not target.startswith("/"):  # absolute form, from a client configured for a proxy
+        scheme_end = target.find("://")
+        slash = target.find("/", scheme_end + 3) if scheme_end >= 0 else -1
+        target = target[slash:] if slash >= 0 else "/"
+    query = target.find("?")
+    return target if query < 0 else target[:query]
+
+
+Answer = tuple[int, Sequence[Header], bytes]
+
+
+class ErrorAnswers(Protocol):
+    """The answers the server gives itself, in the router's error vocabulary."""
+
+    def malformed(self, detail: str) -> Answer: ...
+
+    def too_large(self, limit: int) -> Answer: ...
+
+    def internal(self) -> Answer: ...
+
+
+class Refusal:
+    """A request answered by the server itself, after which the connection closes."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+
+
+Handler = Callable[[Request, "Reply"], Awaitable[None]]
+
+
+class Reply:
+    """The answer to one request: `send` a whole one, or `start`, `write`... `end`."""
+
+    __slots__ = ("_chunked", "_conn", "done", "keep_alive", "status")
+
+    def __init__(self, conn: _Connection, keep_alive: bool) -> None:
+        self._conn = conn
+        self._chunked = False
+        self.keep_alive = keep_alive
+        self.status = 0  # set once the head is written
+        self.done = False
+
+    @property
+    def started(self) -> bool:
+        return self.status != 0
+
+    async def send(self, status: int, headers: Iterable[Header] = (), body: bytes = b"", *,
+                   reason: str | None = None) -> None:
+        """A whole answer, head and body in one write."""
+        self._check_fresh()
+        self.status = status
+        head = self._head(status, reason, headers, b"Content-Length: %d\r\n" % len(body))
+        self.done = True
+        if len(body) < 65536:
+            await self._conn.write(head + body)
+        else:
+            await self._conn.write(head, body)
+
+    async def start(self, status: int, headers: Iterable[Header] = (), *,
+                    reason: str | None = None, length: int | None = None) -> None:
+        """The head of an answer whose body follows in `write`s (`length` bytes of it, when
+        known)."""
+        self._check_fresh()
+        self.status = status
+        if length is not None:
+            framing = b"Content-Length: %d\r\n" % length
+        elif self._conn.http11_client:
+            self._chunked = True
+            framing = b"Transfer-Encoding: chunked\r\n"
+        else:
+            self.keep_alive = False  # the body ends with the connection
+            framing = b""
+        await self._conn.write(self._head(status, reason, headers, framing))
+
+    async def write(self, data: bytes) -> None:
+        assert self.status and not self.done, "write before start or after end"
+        if not data:
+            return
+        if self._chunked:
+            await self._conn.write(b"%x\r\n" % len(data), data, b"\r\n")
+        else:
+            await self._conn.write(data)
+
+    async def end(self, data: bytes = b"") -> None:
+        assert self.status and not self.done, "end before start or after end"
+        self.done = True
+        if self._chunked:
+            if data:
+                await self._conn.write(b"%x\r\n" % len(data), data, b"\r\n0\r\n\r\n")
+            else:
+                await self._conn.write(b"0\r\n\r\n")
+        elif data:
+            await self._conn.write(data)
+
+    def abort(self) -> None:
+        """Close the client's connection at once: what it has is not a whole answer."""
+        self.keep_alive = False
+        self._conn.abort()
+
+    def _check_fresh(self) -> None:
+        if self.status:
+            raise RuntimeError("the answer has started already")
+
+    def _head(self, status: int, reason: str | None, headers: Iterable[Header],
+              framing: bytes) -> bytes:
+        if reason is None:
+            try:
+                reason = HTTPStatus(status).phrase
+            except ValueError:
+                reason = ""
+        parts = [f"HTTP/1.1 {status} {reason}\r\n"]
+        for name, value in headers:
+            parts.append(f"{name}: {value}\r\n")
+        parts.append(f"Date: {_date()}\r\n")
+        if self.keep_alive and self._conn.closing:
+            self.keep_alive = False
+        if not self.keep_alive:
+            parts.append("Connection: close\r\n")
+        return "".join(parts).encode("utf-8", "surrogateescape") + framing + b"\r\n"
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _date() -> str:
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
+    return _date_cache[1]
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: its parser, its queue of requests, the handler answering."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._loop = server.loop
+        self._parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self._queue: collections.deque[Request | Refusal] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False  # close once the answer being written is out
+        self._deaf = False  # input after a refusal is not read
+        self._reading_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._writing_paused = False
+        self._idle: asyncio.TimerHandle | None = None
+        self.http11_client = True
+        self._message_begun()
+
+    def _message_begun(self) -> None:
+        self._url: list[bytes] = []
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._size = 0
+        self._limit = 0
+        self._refused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self.transport = cast(asyncio.Transport, transport)
+        self._server.connections.add(self)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self._deaf:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(self._server.errors.malformed("protocol upgrades are not supported"))
+        except httptools.HttpParserError as e:
+            self._refuse(self._server.errors.malformed(str(e)))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._server.connections.discard(self)
+        self._queue.clear()
+        if self._idle is not None:
+            self._idle.cancel()
+        if self._task is not None:
+            self._task.cancel()  # the client left: its handler stops where it is
+        self._wake_writer(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake_writer(None)
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self._message_begun()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        limit = self._limit = self._server.max_body()
+        length = expect = None
+        for name, value in self._headers:
+            if len(name) == 14 and name.lower() == b"content-length":
+                length = int(value)  # llhttp has checked it
+            elif len(name) == 6 and name.lower() == b"expect":
+                expect = value.lower()
+        if length is not None and length > limit:
+            self._refuse(self._server.errors.too_large(limit))
+            return
+        if expect == b"100-continue" and self._task is None and not self._queue:
+            assert self.transport is not None
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
+        self._size += len(body)
+        if self._size > self._limit:
+            self._refuse(self._server.errors.too_large(self._limit))
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        parser = self._parser
+        headers: CIMultiDict[str] = CIMultiDict(
+            (n.decode("latin-1"), v.decode("utf-8", "surrogateescape"))
+            for n, v in self._headers
+        )
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        http11 = parser.get_http_version() == "1.1"
+        self.http11_client = http11
+        self._queue.append(Request(
+            parser.get_method().decode("ascii", "replace"),
+            b"".join(self._url).decode("utf-8", "surrogateescape"),
+            headers, body, http11, parser.should_keep_alive(),
+        ))
+        self._next()
+
+    # answering
+
+    def _refuse(self, answer: Answer) -> None:
+        """Answer `answer` in turn, read nothing more, and close after it."""
+        self._refused = True
+        self._deaf = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._queue.append(Refusal(answer))
+        self._next()
+
+    def _next(self) -> None:
+        if self._task is not None or not self._queue or self.transport is None:
+            if len(self._queue) > _MAX_QUEUED and not self._reading_paused and self.transport:
+                self._reading_paused = True
+                self.transport.pause_reading()
+            return
+        item = self._queue.popleft()
+        self._task = self._loop.create_task(self._answer(item))
+
+    async def _answer(self, item: Request | Refusal) -> None:
+        if isinstance(item, Refusal):
+            reply = Reply(self, keep_alive=False)
+            await _quietly(reply.send(*item.answer))
+        else:
+            reply = Reply(self, keep_alive=item.keep_alive and not self._closing
+                          and not self._server.stopping)
+            try:
+                await self._server.handler(item, reply)
+            except asyncio.CancelledError:
+                reply.keep_alive = False
+            except ConnectionError:
+                reply.keep_alive = False
+            except Exception:
+                logger.exception("handler failed for %s %s", item.method, item.path)
+                reply.keep_alive = False
+                if not reply.started:
+                    await _quietly(reply.send(*self._server.errors.internal()))
+            if not reply.done:
+                reply.keep_alive = False  # an answer cut short (or none at all)
+        self._task = None
+        if self.transport is None:
+            return
+        if not reply.keep_alive or self._closing or self._server.stopping:
+            self.transport.close()
+            return
+        if self._reading_paused and len(self._queue) <= _MAX_QUEUED // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        if self._queue:
+            self._next()
+        else:
+            self._arm_idle()
+
+    async def write(self, *data: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        if len(data) == 1:
+            transport.write(data[0])
+        else:
+            transport.writelines(data)
+        if self._writing_paused:
+            waiter = self._drain = self._loop.create_future()
+            await waiter
+
+    def _wake_writer(self, error: Exception | None) -> None:
+        waiter, self._drain = self._drain, None
+        if waiter is not None and not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close_if_idle(self) -> bool:
+        """Close now if nothing is being answered; otherwise once it is. True if closed."""
+        self._closing = True
+        if self._task is None and self.transport is not None:
+            self.transport.close()
+            return True
+        return False
+
+    def _arm_idle(self) -> None:
+        self._idle = self._loop.call_later(self._server.keepalive_timeout, self._idle_out)
+
+    def _idle_out(self) -> None:
+        self._idle = None
+        if self._task is None and not self._queue and self.transport is not None:
+            self.transport.close()
+
+    @property
+    def closing(self) -> bool:
+        """Whether this connection closes after the answer being written."""
+        return self._closing or self._server.stopping
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+
+async def _quietly(sending: Awaitable[None]) -> None:
+    with contextlib.suppress(ConnectionError):
+        await sending
+
+
+class Server:
+    """Serves `handler` on one listening socket until `shutdown`."""
+
+    def __init__(self, handler: Handler, *, max_body: Callable[[], int], errors: ErrorAnswers,
+                 keepalive_timeout: float = KEEPALIVE_SECONDS) -> None:
+        self.handler = handler
+        self.errors = errors
+        self.max_body = max_body
+        self.keepalive_timeout = keepalive_timeout
+        self.connections: set[_Connection] = set()
+        self.stopping = False
+        self._server: asyncio.Server | None = None
+        self.loop = asyncio.get_running_loop()
+
+    async def start(self, host: str, port: int, *, backlog: int = 100) -> None:
+        self._server = await self.loop.create_server(
+            lambda: _Connection(self), host, port, backlog=backlog)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop accepting, close idle connections, give the requests being answered up to
+        `grace` seconds, then cancel what is left and close every connection."""
+        self.stopping = True
+        self.stop_accepting()
+        for conn in list(self.connections):
+            conn.close_if_idle()
+        busy = {c.task for c in self.connections if c.task is not None}
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for conn in list(self.connections):
+            conn.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
