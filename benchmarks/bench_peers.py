@@ -42,6 +42,7 @@ for entry in (str(REPO), str(HERE)):
         sys.path.insert(0, entry)
 
 import bench_router  # noqa: E402
+import bench_swap_kind  # noqa: E402 (the machine's CPU steal)
 
 HOST = "127.0.0.1"
 MODEL = "coder"
@@ -142,6 +143,21 @@ def body_script(work: Path, size: int, model_first: bool) -> Path:
     return script
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and every process below it (nginx's workers, LiteLLM's)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
 def wrk(url: str, connections: int, seconds: float, script: Path) -> tuple[float, float]:
     """(requests per second, p50 latency in microseconds) from one wrk run."""
     out = subprocess.run(
@@ -173,10 +189,13 @@ def main() -> int:
     connections = [int(c) for c in args.connections.split(",")]
     processes: list[subprocess.Popen[bytes]] = []
 
+    pids: dict[str, int] = {}
+
     def spawn(argv: list[str], port: int, what: str, **kw: object) -> None:
         log = open(work / f"{what}.log", "wb")  # noqa: SIM115 (lives as long as the process)
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
         processes.append(process)
+        pids[what] = process.pid
         wait_port(port, process, what, 120.0 if what == "litellm" else 30.0)
 
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
@@ -217,9 +236,15 @@ def main() -> int:
                     process.terminate()
             return 0
         results: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+        # CPU per request of the process in front (of the upstream, for direct): a
+        # single-process proxy's capacity is its inverse, however busy the machine is.
+        cpu_us: dict[tuple[str, int], list[float]] = defaultdict(list)
+        front = {"direct": "upstream", "nginx": "nginx", "haproxy": "haproxy",
+                 "modelpool router": "router", "LiteLLM proxy": "litellm"}
         try:
             for url in peers.values():  # warm each once
                 wrk(f"{url}/v1/chat/completions", 1, 1.0, script)
+            counters = bench_swap_kind.cpu_times()
             for round_ in range(args.rounds):
                 order = list(peers.items())
                 if round_ % 2:
@@ -227,8 +252,11 @@ def main() -> int:
                 for name, base in order:
                     for c in connections:
                         seconds = args.seconds if name != "LiteLLM proxy" else min(args.seconds, 5)
-                        results[(name, c)].append(
-                            wrk(f"{base}/v1/chat/completions", c, seconds, script))
+                        before = tree_cpu_seconds(pids[front[name]])
+                        rps, p50 = wrk(f"{base}/v1/chat/completions", c, seconds, script)
+                        used = tree_cpu_seconds(pids[front[name]]) - before
+                        results[(name, c)].append((rps, p50))
+                        cpu_us[(name, c)].append(used / (rps * seconds) * 1e6)
         finally:
             for process in processes:
                 process.terminate()
@@ -238,19 +266,29 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     process.kill()
     median: Callable[[list[float]], float] = statistics.median
+    steal = bench_swap_kind.steal_percent(counters, bench_swap_kind.cpu_times())
     print(f"peers, {args.rounds} rounds alternated, wrk -t1, {args.seconds:g}s per run, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    header = " | ".join(f"{c} conn rps | {c} conn p50 | rps vs direct" for c in connections)
+          f"load average {os.getloadavg()[0]:.1f}, CPU steal {steal:.0f}%")
+    header = " | ".join(f"{c} conn rps | {c} conn p50 | rps vs direct | rps vs nginx | "
+                        f"{c} conn CPU per request | capacity vs nginx" for c in connections)
     print(f"| in front of the upstream | {header} |")
-    print("| --- |" + " --- | --- | --- |" * len(connections))
+    print("| --- |" + " --- | --- | --- | --- | --- | --- |" * len(connections))
     for name in peers:
         cells = []
         for c in connections:
             rps = median([r for r, _ in results[(name, c)]])
             p50 = median([p for _, p in results[(name, c)]])
             direct = median([r for r, _ in results[("direct", c)]])
-            cells += [f"{rps:,.0f}", f"{p50:,.0f} us", f"{rps / direct:.2f}"]
+            nginx = median([r for r, _ in results[("nginx", c)]])
+            cpu = median(cpu_us[(name, c)])
+            capacity = median(cpu_us[("nginx", c)]) / cpu if cpu else float("nan")
+            cells += [f"{rps:,.0f}", f"{p50:,.0f} us", f"{rps / direct:.2f}",
+                      f"{rps / nginx:.2f}", f"{cpu:,.1f} us", f"{capacity:.2f}"]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    print("(CPU per request: user + system time of the process in front, its children "
+          "included, over the requests wrk counted; capacity vs nginx: nginx's CPU per "
+          "request over this one's, what one process of each could serve with a core to "
+          "itself)")
     return 0
 
 

@@ -38,8 +38,8 @@ UNROUTED = ""
 UNKNOWN_MODEL = "unknown"
 # nginx's convention for a request the client abandoned.
 CLIENT_CLOSED = 499
-_ROUTER_KEY = frozenset({"authorization"})
-_NO_HEADERS: frozenset[str] = frozenset()
+_ROUTER_KEY = frozenset({b"authorization"})
+_NO_HEADERS: frozenset[bytes] = frozenset()
 
 
 class Target(Protocol):
@@ -163,7 +163,7 @@ class Proxy:
     ) -> upstream.Relay:
         live = self._live
         headers = upstream.request_headers(
-            request.headers,
+            request.raw_headers,
             # The router's own key is not the upstream's business.
             drop=_ROUTER_KEY if live.keys.enabled else _NO_HEADERS,
         )
@@ -260,7 +260,7 @@ class Proxy:
         await reply.send(200, _JSON, json.dumps(entry).encode())
 
     def _authorize(self, request: Request) -> None:
-        if not self._live.keys.allows(request.headers.get("Authorization")):
+        if not self._live.keys.allows(request.header(b"authorization")):
             raise errors.unauthorized()
 
 

@@ -17,7 +17,8 @@ write the answer whole or streamed. Everything else is the router's business:
 - answers of known length go out as one write; streamed ones use chunked transfer
   coding (close-delimited for an HTTP/1.0 client); writing waits while the client's
   socket buffer is full;
-- idle keep-alive connections close after `keepalive_timeout` seconds;
+- idle keep-alive connections close after `keepalive_timeout` seconds (within a quarter
+  of it more: one sweep serves every connection);
 - `shutdown(grace)` closes idle connections, lets handlers finish within `grace`, then
   cancels them.
 
@@ -52,17 +53,35 @@ Header = tuple[str, str]
 class Request:
     """One parsed request, its body read whole."""
 
-    __slots__ = ("body", "headers", "http11", "keep_alive", "method", "path", "target")
+    __slots__ = ("_headers", "body", "http11", "keep_alive", "method", "path", "raw_headers",
+                 "target")
 
-    def __init__(self, method: str, target: str, headers: CIMultiDict[str], body: bytes,
-                 http11: bool, keep_alive: bool) -> None:
+    def __init__(self, method: str, target: str, raw_headers: list[tuple[bytes, bytes]],
+                 body: bytes, http11: bool, keep_alive: bool) -> None:
         self.method = method
         self.target = target  # as the client sent it: path and query, or an absolute URL
         self.path = _path_of(target)
-        self.headers = headers
+        self.raw_headers = raw_headers  # as they came: (name, value) bytes
+        self._headers: CIMultiDict[str] | None = None
         self.body = body
         self.http11 = http11
         self.keep_alive = keep_alive
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        if self._headers is None:
+            self._headers = CIMultiDict(
+                (n.decode("latin-1"), v.decode("utf-8", "surrogateescape"))
+                for n, v in self.raw_headers)
+        return self._headers
+
+    def header(self, name: bytes) -> str | None:
+        """The first value of the header `name` (lower-case), if the request has it."""
+        size = len(name)
+        for n, v in self.raw_headers:
+            if len(n) == size and n.lower() == name:
+                return v.decode("utf-8", "surrogateescape")
+        return None
 
 
 def _path_of(target: str) -> str:
@@ -116,11 +135,13 @@ class Reply:
         return self.status != 0
 
     async def send(self, status: int, headers: Iterable[Header] = (), body: bytes = b"", *,
-                   reason: str | None = None) -> None:
-        """A whole answer, head and body in one write."""
+                   reason: str | None = None, lines: bytes = b"") -> None:
+        """A whole answer, head and body in one write. `lines` are header lines ready to
+        send (a proxied answer's, as they came)."""
         self._check_fresh()
         self.status = status
-        head = self._head(status, reason, headers, b"Content-Length: %d\r\n" % len(body))
+        head = self._head(status, reason, headers,
+                          lines + b"Content-Length: %d\r\n" % len(body))
         self.done = True
         if len(body) < 65536:
             await self._conn.write(head + body)
@@ -128,9 +149,10 @@ class Reply:
             await self._conn.write(head, body)
 
     async def start(self, status: int, headers: Iterable[Header] = (), *,
-                    reason: str | None = None, length: int | None = None) -> None:
+                    reason: str | None = None, length: int | None = None,
+                    lines: bytes = b"") -> None:
         """The head of an answer whose body follows in `write`s (`length` bytes of it, when
-        known)."""
+        known). `lines` as for `send`."""
         self._check_fresh()
         self.status = status
         if length is not None:
@@ -141,7 +163,7 @@ class Reply:
         else:
             self.keep_alive = False  # the body ends with the connection
             framing = b""
-        await self._conn.write(self._head(status, reason, headers, framing))
+        await self._conn.write(self._head(status, reason, headers, lines + framing))
 
     async def write(self, data: bytes) -> None:
         assert self.status and not self.done, "write before start or after end"
@@ -173,7 +195,7 @@ class Reply:
             raise RuntimeError("the answer has started already")
 
     def _head(self, status: int, reason: str | None, headers: Iterable[Header],
-              framing: bytes) -> bytes:
+              more: bytes) -> bytes:
         if reason is None:
             try:
                 reason = HTTPStatus(status).phrase
@@ -187,7 +209,7 @@ class Reply:
             self.keep_alive = False
         if not self.keep_alive:
             parts.append("Connection: close\r\n")
-        return "".join(parts).encode("utf-8", "surrogateescape") + framing + b"\r\n"
+        return "".join(parts).encode("utf-8", "surrogateescape") + more + b"\r\n"
 
 
 _date_cache: tuple[int, str] = (0, "")
@@ -216,8 +238,11 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._writing_paused = False
-        self._idle: asyncio.TimerHandle | None = None
+        # Since when the connection waits for a request (None while one is in): the
+        # server's sweep closes it past the keep-alive timeout.
+        self.idle_since: float | None = None
         self.http11_client = True
+        self._in_message = False
         self._message_begun()
 
     def _message_begun(self) -> None:
@@ -234,7 +259,7 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self.transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
-        self._arm_idle()
+        self.idle_since = self._loop.time()
 
     def data_received(self, data: bytes) -> None:
         if self._deaf:
@@ -250,8 +275,6 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self._server.connections.discard(self)
         self._queue.clear()
-        if self._idle is not None:
-            self._idle.cancel()
         if self._task is not None:
             self._task.cancel()  # the client left: its handler stops where it is
         self._wake_writer(ConnectionResetError("the client closed the connection"))
@@ -267,9 +290,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._message_begun()
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._in_message = True
+        self.idle_since = None
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -302,20 +324,17 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if self._refused:
             return
         parser = self._parser
-        headers: CIMultiDict[str] = CIMultiDict(
-            (n.decode("latin-1"), v.decode("utf-8", "surrogateescape"))
-            for n, v in self._headers
-        )
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         http11 = parser.get_http_version() == "1.1"
         self.http11_client = http11
         self._queue.append(Request(
             parser.get_method().decode("ascii", "replace"),
             b"".join(self._url).decode("utf-8", "surrogateescape"),
-            headers, body, http11, parser.should_keep_alive(),
+            self._headers, body, http11, parser.should_keep_alive(),
         ))
         self._next()
 
@@ -370,8 +389,8 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         if self._queue:
             self._next()
-        else:
-            self._arm_idle()
+        elif self._parser_idle():
+            self.idle_since = self._loop.time()
 
     async def write(self, *data: bytes) -> None:
         transport = self.transport
@@ -405,12 +424,13 @@ class _Connection(asyncio.Protocol):
             return True
         return False
 
-    def _arm_idle(self) -> None:
-        self._idle = self._loop.call_later(self._server.keepalive_timeout, self._idle_out)
+    def _parser_idle(self) -> bool:
+        """Whether no request has begun since the last one ended."""
+        return not self._in_message
 
-    def _idle_out(self) -> None:
-        self._idle = None
-        if self._task is None and not self._queue and self.transport is not None:
+    def close_when_idle_since(self, deadline: float) -> None:
+        if (self.idle_since is not None and self.idle_since < deadline
+                and self._task is None and not self._queue and self.transport is not None):
             self.transport.close()
 
     @property
@@ -441,10 +461,23 @@ class Server:
         self.stopping = False
         self._server: asyncio.Server | None = None
         self.loop = asyncio.get_running_loop()
+        self._sweep: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int, *, backlog: int = 100) -> None:
         self._server = await self.loop.create_server(
             lambda: _Connection(self), host, port, backlog=backlog)
+        self._schedule_sweep()
+
+    def _schedule_sweep(self) -> None:
+        # One timer for every connection, not one per request: a connection idle past the
+        # timeout closes within a quarter of it more.
+        self._sweep = self.loop.call_later(self.keepalive_timeout / 4, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        deadline = self.loop.time() - self.keepalive_timeout
+        for conn in list(self.connections):
+            conn.close_when_idle_since(deadline)
+        self._schedule_sweep()
 
     @property
     def port(self) -> int:
@@ -460,6 +493,8 @@ class Server:
         `grace` seconds, then cancel what is left and close every connection."""
         self.stopping = True
         self.stop_accepting()
+        if self._sweep is not None:
+            self._sweep.cancel()
         for conn in list(self.connections):
             conn.close_if_idle()
         busy = {c.task for c in self.connections if c.task is not None}

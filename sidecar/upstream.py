@@ -16,13 +16,12 @@ import functools
 import json
 import logging
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 import httptools
 import yarl
-from multidict import MultiMapping
 
 from sidecar import held_stream
 from sidecar.http_server import Reply, Request
@@ -97,25 +96,26 @@ class EndpointSlots:
             del self._busy[endpoint]
 
 
-# RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones.
+# RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones. Header names
+# are compared as bytes, lower-cased, as they come off the wire.
 HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
     }
 )
 # Written by the client from the body it sends; never copied from the client.
-_REQUEST_OWN = frozenset({"host", "content-length"})
+_REQUEST_OWN = frozenset({b"host", b"content-length", b"expect"})
 _REQUEST_SKIP = HOP_BY_HOP | _REQUEST_OWN
 # Written by the router's server for the client.
-_RESPONSE_SKIP = HOP_BY_HOP | {"content-length", "date"}
+_RESPONSE_SKIP = HOP_BY_HOP | {b"content-length", b"date"}
 
 # An idle pooled connection older than this is closed rather than reused, so a request
 # rarely meets one the server is closing at the same moment (aiohttp's default).
@@ -458,46 +458,35 @@ def _parse_endpoint(base_url: str) -> _Endpoint:
 # --- headers ------------------------------------------------------------------------------
 
 
-_NOTHING: frozenset[str] = frozenset()
+_NOTHING: frozenset[bytes] = frozenset()
+RawHeaders = list[tuple[bytes, bytes]]
 
 
-def request_headers(headers: MultiMapping[str], *, drop: frozenset[str] = _NOTHING) -> bytes:
-    """The client's header lines minus hop-by-hop ones and any in `drop`, ready to send."""
-    connection = headers.getall("Connection", None)
-    listed = _connection_tokens(connection) if connection else _NOTHING
-    lines = []
-    for name, value in headers.items():
-        low = name.lower()
-        if low in _REQUEST_SKIP or low in drop or low in listed:
-            continue
-        lines.append(f"{name}: {value}\r\n")
-    return "".join(lines).encode("utf-8", "surrogateescape")
+def request_headers(raw: RawHeaders, *, drop: frozenset[bytes] = _NOTHING) -> bytes:
+    """The client's header lines minus hop-by-hop ones, whatever `Connection` lists and
+    any in `drop` (lower-case names), ready to send."""
+    return _lines(raw, _REQUEST_SKIP | drop if drop else _REQUEST_SKIP)
 
 
-def response_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    """The upstream's headers minus hop-by-hop ones, whatever `Connection` lists, and the
-    framing the router writes itself (`Content-Length`, `Date`)."""
-    out: list[tuple[str, str]] = []
-    connection: list[str] = []
+def response_headers(raw: RawHeaders) -> bytes:
+    """The upstream's header lines minus hop-by-hop ones, whatever `Connection` lists, and
+    the framing the router writes itself (`Content-Length`, `Date`), ready to send."""
+    return _lines(raw, _RESPONSE_SKIP)
+
+
+def _lines(raw: RawHeaders, skip: frozenset[bytes]) -> bytes:
+    listed = _NOTHING
     for name, value in raw:
-        key = name.decode("latin-1")
-        text = value.decode("utf-8", "surrogateescape")
-        low = key.lower()
-        if low in _RESPONSE_SKIP:
-            if low == "connection":
-                connection.append(text)
-            continue
-        out.append((key, text))
-    if connection:
-        listed = _connection_tokens(connection)
-        out = [(k, v) for k, v in out if k.lower() not in listed]
-    return out
+        if len(name) == 10 and name.lower() == b"connection":
+            listed = listed | _connection_tokens(value)
+    return b"".join([
+        b"%s: %s\r\n" % (name, value) for name, value in raw
+        if (low := name.lower()) not in skip and low not in listed
+    ])
 
 
-def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
-    return frozenset(
-        token.strip().lower() for value in values for token in value.split(",") if token.strip()
-    )
+def _connection_tokens(value: bytes) -> frozenset[bytes]:
+    return frozenset(t.strip().lower() for t in value.split(b",") if t.strip())
 
 
 # --- the relay ----------------------------------------------------------------------------
@@ -560,8 +549,8 @@ async def forward(
             return relay
         length = _content_length(conn.headers)
         out_headers = response_headers(conn.headers)
-        if answered_by is not None:
-            out_headers.append(("X-Modelpool-Backend", answered_by))  # fallback.ANSWERED_BY
+        if answered_by is not None:  # sidecar.fallback.ANSWERED_BY
+            out_headers += b"X-Modelpool-Backend: %s\r\n" % answered_by.encode()
         if length is not None and length <= WHOLE_REPLY_BYTES:
             # A body of known length is one whole answer: its head goes out with it.
             try:
@@ -570,15 +559,16 @@ async def forward(
                 return _broken(request, reply, e)
             on_first_chunk()
             try:
-                await reply.send(conn.status, out_headers, whole, reason=conn.reason or None)
+                await reply.send(conn.status, body=whole, reason=conn.reason or None,
+                                 lines=out_headers)
             except ConnectionError:
                 return Relay(conn.status, client_gone=True)
             finished = True
             return Relay(conn.status)
         # Anything else (SSE, chunked, large) gets its head at once, then each chunk.
         try:
-            await reply.start(conn.status, out_headers, reason=conn.reason or None,
-                              length=length)
+            await reply.start(conn.status, reason=conn.reason or None, length=length,
+                              lines=out_headers)
         except ConnectionError:
             return Relay(conn.status, client_gone=True)
         relay = await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
