@@ -17,6 +17,7 @@ nginx, HAProxy and wrk are Debian's (`apt-get install nginx haproxy wrk`); LiteL
 
     .venv/bin/python benchmarks/bench_peers.py --rounds 3 --seconds 5
     .venv/bin/python benchmarks/bench_peers.py --bodies 200000,2000000   # large prompts
+    .venv/bin/python benchmarks/bench_peers.py --compare /tmp/old  # and an older router
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ def main() -> int:
     parser.add_argument("--bodies", default="",
                         help="prompt sizes in bytes (e.g. 200000,2000000): instead of the "
                         "table above, p50 at 1 connection with `model` first and last")
+    parser.add_argument("--compare", type=Path, default=None, metavar="CHECKOUT",
+                        help="also run the router of another checkout (a git worktree of an "
+                        "older commit, say), as 'router at CHECKOUT'")
     parser.add_argument("--litellm", type=Path, default=None,
                         help=f"LiteLLM's program (default {LITELLM_DEFAULT} if present)")
     args = parser.parse_args()
@@ -190,6 +194,9 @@ def main() -> int:
     processes: list[subprocess.Popen[bytes]] = []
 
     pids: dict[str, int] = {}
+    # Which spawned process stands in front of the upstream for each peer.
+    front = {"direct": "upstream", "nginx": "nginx", "haproxy": "haproxy",
+             "modelpool router": "router", "LiteLLM proxy": "litellm"}
 
     def spawn(argv: list[str], port: int, what: str, **kw: object) -> None:
         log = open(work / f"{what}.log", "wb")  # noqa: SIM115 (lives as long as the process)
@@ -216,6 +223,14 @@ def main() -> int:
                "--metrics-port", str(metrics)], port, "router", cwd=str(REPO),
               env={**os.environ, "PYTHONPATH": str(REPO), "MODELPOOL_LOG_LEVEL": "warning"})
         peers["modelpool router"] = f"http://{HOST}:{port}"
+        if args.compare is not None:
+            tree = str(args.compare.resolve())
+            port, metrics = free_port(), free_port()
+            spawn([sys.executable, "-m", "sidecar", "--config", str(config), "--port",
+                   str(port), "--metrics-port", str(metrics)], port, "compared", cwd=tree,
+                  env={**os.environ, "PYTHONPATH": tree, "MODELPOOL_LOG_LEVEL": "warning"})
+            peers[f"router at {args.compare}"] = f"http://{HOST}:{port}"
+            front[f"router at {args.compare}"] = "compared"
         if litellm is not None:
             port = free_port()
             # no master key: a loopback benchmark, as LiteLLM's local-development mode
@@ -239,8 +254,6 @@ def main() -> int:
         # CPU per request of the process in front (of the upstream, for direct): a
         # single-process proxy's capacity is its inverse, however busy the machine is.
         cpu_us: dict[tuple[str, int], list[float]] = defaultdict(list)
-        front = {"direct": "upstream", "nginx": "nginx", "haproxy": "haproxy",
-                 "modelpool router": "router", "LiteLLM proxy": "litellm"}
         try:
             for url in peers.values():  # warm each once
                 wrk(f"{url}/v1/chat/completions", 1, 1.0, script)

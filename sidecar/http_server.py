@@ -197,10 +197,7 @@ class Reply:
     def _head(self, status: int, reason: str | None, headers: Iterable[Header],
               more: bytes) -> bytes:
         if reason is None:
-            try:
-                reason = HTTPStatus(status).phrase
-            except ValueError:
-                reason = ""
+            reason = _PHRASES.get(status, "")
         parts = [f"HTTP/1.1 {status} {reason}\r\n"]
         for name, value in headers:
             parts.append(f"{name}: {value}\r\n")
@@ -212,6 +209,7 @@ class Reply:
         return "".join(parts).encode("utf-8", "surrogateescape") + more + b"\r\n"
 
 
+_PHRASES = {s.value: s.phrase for s in HTTPStatus}
 _date_cache: tuple[int, str] = (0, "")
 
 

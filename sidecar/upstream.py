@@ -475,14 +475,16 @@ def response_headers(raw: RawHeaders) -> bytes:
 
 
 def _lines(raw: RawHeaders, skip: frozenset[bytes]) -> bytes:
+    kept = []
     listed = _NOTHING
     for name, value in raw:
-        if len(name) == 10 and name.lower() == b"connection":
-            listed = listed | _connection_tokens(value)
-    return b"".join([
-        b"%s: %s\r\n" % (name, value) for name, value in raw
-        if (low := name.lower()) not in skip and low not in listed
-    ])
+        low = name.lower()
+        if low in skip:
+            if low == b"connection":
+                listed = listed | _connection_tokens(value)
+        else:
+            kept.append((low, b"%s: %s\r\n" % (name, value)))
+    return b"".join([line for low, line in kept if low not in listed])
 
 
 def _connection_tokens(value: bytes) -> frozenset[bytes]:
