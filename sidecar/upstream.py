@@ -555,11 +555,9 @@ async def forward(
             out_headers += b"X-Modelpool-Backend: %s\r\n" % answered_by.encode()
         if length is not None and length <= WHOLE_REPLY_BYTES:
             # A body of known length is one whole answer: its head goes out with it.
-            try:
-                whole = await conn.whole(read_timeout)
-            except (Disconnected, ReadTimedOut) as e:
-                return _broken(request, reply, e)
-            on_first_chunk()
+            whole = await _whole_or_broken(request, reply, conn, read_timeout, on_first_chunk)
+            if isinstance(whole, Relay):
+                return whole
             try:
                 await reply.send(conn.status, body=whole, reason=conn.reason or None,
                                  lines=out_headers)
@@ -606,6 +604,23 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
 WHOLE_REPLY_BYTES = 64 * 1024
 
 
+async def _whole_or_broken(
+    request: Request,
+    reply: Reply,
+    conn: _Connection,
+    read_timeout: float,
+    on_first_chunk: Callable[[], None],
+) -> bytes | Relay:
+    """The whole body (its first byte counted), or how the relay ended if the upstream
+    broke before it was all in."""
+    try:
+        whole = await conn.whole(read_timeout)
+    except (Disconnected, ReadTimedOut) as e:
+        return _broken(request, reply, e)
+    on_first_chunk()
+    return whole
+
+
 async def _relay_into(
     request: Request,
     reply: Reply,
@@ -617,11 +632,9 @@ async def _relay_into(
     come, or its error status as one OpenAI-shaped error event."""
     if conn.status == 200:
         return await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
-    try:
-        whole = await conn.whole(read_timeout)
-    except (Disconnected, ReadTimedOut) as e:
-        return _broken(request, reply, e)
-    on_first_chunk()
+    whole = await _whole_or_broken(request, reply, conn, read_timeout, on_first_chunk)
+    if isinstance(whole, Relay):
+        return whole
     try:
         body = json.loads(whole)
     except ValueError:
