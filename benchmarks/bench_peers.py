@@ -18,6 +18,7 @@ nginx, HAProxy and wrk are Debian's (`apt-get install nginx haproxy wrk`); LiteL
     .venv/bin/python benchmarks/bench_peers.py --rounds 3 --seconds 5
     .venv/bin/python benchmarks/bench_peers.py --bodies 200000,2000000   # large prompts
     .venv/bin/python benchmarks/bench_peers.py --compare /tmp/old  # and an older router
+    .venv/bin/python benchmarks/bench_peers.py --bare  # and the floor (bare_proxy.py)
 """
 
 from __future__ import annotations
@@ -183,6 +184,9 @@ def main() -> int:
     parser.add_argument("--compare", type=Path, default=None, metavar="CHECKOUT",
                         help="also run the router of another checkout (a git worktree of an "
                         "older commit, say), as 'router at CHECKOUT'")
+    parser.add_argument("--bare", action="store_true",
+                        help="also run benchmarks/bare_proxy.py, the router's parts with "
+                        "none of its logic: the floor under its CPU per request")
     parser.add_argument("--litellm", type=Path, default=None,
                         help=f"LiteLLM's program (default {LITELLM_DEFAULT} if present)")
     args = parser.parse_args()
@@ -223,6 +227,12 @@ def main() -> int:
                "--metrics-port", str(metrics)], port, "router", cwd=str(REPO),
               env={**os.environ, "PYTHONPATH": str(REPO), "MODELPOOL_LOG_LEVEL": "warning"})
         peers["modelpool router"] = f"http://{HOST}:{port}"
+        if args.bare:
+            port = free_port()
+            spawn([sys.executable, str(HERE / "bare_proxy.py"), str(port),
+                   f"http://{HOST}:{upstream}"], port, "bare")
+            peers["bare loop"] = f"http://{HOST}:{port}"
+            front["bare loop"] = "bare"
         if args.compare is not None:
             tree = str(args.compare.resolve())
             port, metrics = free_port(), free_port()
