@@ -14,6 +14,8 @@ write the answer whole or streamed. Everything else is the router's business:
 - **a client that leaves cancels its handler** (a held request gives up its place). A
   client's end of input is taken for leaving, as a closed socket and a half-closed one
   look the same until something is written;
+- a request that asks to upgrade (`Upgrade: h2c`, a websocket) is served in HTTP/1.1,
+  the upgrade ignored;
 - answers of known length go out as one write; streamed ones use chunked transfer
   coding (close-delimited for an HTTP/1.0 client); writing waits while the client's
   socket buffer is full;
@@ -241,6 +243,9 @@ class _Connection(asyncio.Protocol):
         self.idle_since: float | None = None
         self.http11_client = True
         self._in_message = False
+        # A request that asked to upgrade, whose body is still to come: (request, the
+        # body's parts so far, bytes still needed).
+        self._upgrading: tuple[Request, list[bytes], int] | None = None
         self._message_begun()
 
     def _message_begun(self) -> None:
@@ -249,6 +254,7 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._limit = 0
+        self._length = 0  # as the head announced
         self._refused = False
 
     # asyncio.Protocol
@@ -262,12 +268,38 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._deaf:
             return
+        if self._upgrading is not None:
+            data = self._upgrade_body(data)
+            if not data:
+                return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(self._server.errors.malformed("protocol upgrades are not supported"))
+        except httptools.HttpParserUpgrade as e:
+            # llhttp ends a request that asks to upgrade (`Upgrade: h2c`, a websocket) at
+            # its head. The router ignores the upgrade, as RFC 9110 section 7.8 lets a
+            # server: it reads the body the head announced and goes on in HTTP/1.1.
+            self._parser = httptools.HttpRequestParser(self)
+            rest = data[int(e.args[0]):]
+            if rest:
+                self.data_received(rest)
         except httptools.HttpParserError as e:
             self._refuse(self._server.errors.malformed(str(e)))
+
+    def _upgrade_body(self, data: bytes) -> bytes:
+        """Feed the body of a request that asked to upgrade; what follows it is returned."""
+        assert self._upgrading is not None
+        request, parts, needed = self._upgrading
+        parts.append(data[:needed])
+        rest = data[needed:]
+        needed -= len(parts[-1])
+        if needed:
+            self._upgrading = request, parts, needed
+            return b""
+        self._upgrading = None
+        request.body = b"".join(parts)
+        self._queue.append(request)
+        self._next()
+        return rest
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -300,11 +332,20 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         limit = self._limit = self._server.max_body()
         length = expect = None
+        chunked = False
         for name, value in self._headers:
-            if len(name) == 14 and name.lower() == b"content-length":
+            low = name.lower()
+            if low == b"content-length":
                 length = int(value)  # llhttp has checked it
-            elif len(name) == 6 and name.lower() == b"expect":
+            elif low == b"expect":
                 expect = value.lower()
+            elif low == b"transfer-encoding":
+                chunked = True
+        self._length = length or 0
+        if chunked and self._parser.should_upgrade():
+            self._refuse(self._server.errors.malformed(
+                "a request that asks to upgrade cannot have a chunked body"))
+            return
         if length is not None and length > limit:
             self._refuse(self._server.errors.too_large(limit))
             return
@@ -329,11 +370,15 @@ class _Connection(asyncio.Protocol):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         http11 = parser.get_http_version() == "1.1"
         self.http11_client = http11
-        self._queue.append(Request(
+        request = Request(
             parser.get_method().decode("ascii", "replace"),
             b"".join(self._url).decode("utf-8", "surrogateescape"),
             self._headers, body, http11, parser.should_keep_alive(),
-        ))
+        )
+        if parser.should_upgrade() and self._length and not body:
+            self._upgrading = request, [], self._length  # its body follows (data_received)
+            return
+        self._queue.append(request)
         self._next()
 
     # answering

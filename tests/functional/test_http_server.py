@@ -223,6 +223,23 @@ def test_a_garbled_request_is_400_in_openai_shape(on_loop: Callable[..., None]) 
     on_loop(check)
 
 
+def test_a_request_asking_to_upgrade_is_served_in_http11_with_its_body(
+    on_loop: Callable[..., None],
+) -> None:
+    async def check(server: Server, handlers: Handlers) -> None:
+        upgrade = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AA\r\n"
+        data = (post("/echo", b'{"model": "m"}', upgrade)
+                + b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                  b"Connection: Upgrade\r\n\r\n"
+                + post("/echo", b"last", b"Connection: close\r\n"))
+        *_, got = await raw(server, data)
+        assert [(status, json.loads(body)["method"], json.loads(body)["body"])
+                for status, _, body in answers(got)] == [
+            (200, "POST", '{"model": "m"}'), (200, "GET", ""), (200, "POST", "last")]
+
+    on_loop(check)
+
+
 def test_streams_are_chunked_for_http11_and_close_delimited_for_http10(
     on_loop: Callable[..., None],
 ) -> None:
