@@ -136,6 +136,11 @@ class Reply:
     def started(self) -> bool:
         return self.status != 0
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the client's socket buffer is full (writes wait for it to drain)."""
+        return self._conn.writing_paused
+
     async def send(self, status: int, headers: Iterable[Header] = (), body: bytes = b"", *,
                    reason: str | None = None, lines: bytes = b"") -> None:
         """A whole answer, head and body in one write. `lines` are header lines ready to
@@ -175,6 +180,25 @@ class Reply:
             await self._conn.write(b"%x\r\n" % len(data), data, b"\r\n")
         else:
             await self._conn.write(data)
+
+    def write_nowait(self, data: bytes, on_writable: Callable[[], None]) -> bool:
+        """Write `data` now, from a callback. True if the client can take more at once;
+        False if its socket buffer is full, and then `on_writable` is called once it
+        drains. Raises ConnectionResetError if the client is gone."""
+        assert self.status and not self.done, "write before start or after end"
+        conn = self._conn
+        transport = conn.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        if data:
+            if self._chunked:
+                transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            else:
+                transport.write(data)
+        if conn.writing_paused:
+            conn.on_writable = on_writable
+            return False
+        return True
 
     async def end(self, data: bytes = b"") -> None:
         assert self.status and not self.done, "end before start or after end"
@@ -238,6 +262,8 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._writing_paused = False
+        # Called once when the client's socket takes writes again (`Reply.write_nowait`).
+        self.on_writable: Callable[[], None] | None = None
         # Since when the connection waits for a request (None while one is in): the
         # server's sweep closes it past the keep-alive timeout.
         self.idle_since: float | None = None
@@ -315,6 +341,13 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         self._wake_writer(None)
+        writable, self.on_writable = self.on_writable, None
+        if writable is not None:
+            writable()
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._writing_paused
 
     # httptools callbacks
 

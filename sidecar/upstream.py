@@ -211,6 +211,8 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._until_close = False
         self._paused = False
+        # While piping (`pipe`): where each piece of body goes as it arrives.
+        self._sink: Callable[[bytes], None] | None = None
 
     # asyncio.Protocol
 
@@ -261,6 +263,9 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink(body)
+            return
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _PAUSE_BYTES and not self._paused and self.transport is not None:
@@ -313,6 +318,77 @@ class _Connection(asyncio.Protocol):
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def pipe(self, reply: Reply, read_timeout: float,
+                   on_first_chunk: Callable[[], None]) -> bool:
+        """The rest of the body into `reply`, each piece written by this protocol's
+        callback as it arrives: no task wakes per chunk, and one stall timer per stream
+        instead of one per read (so a stall is noticed between one and two read timeouts
+        after the last byte). Reading pauses while the client's socket is full, and that
+        time does not count as a stall. True once the body has ended; False if the
+        client left; Disconnected or ReadTimedOut if the upstream failed."""
+        loop = self._loop
+        first = True
+        client_gone = False
+        last = loop.time()
+
+        def resume() -> None:
+            nonlocal last
+            last = loop.time()
+            if self._paused and self.transport is not None:
+                self._paused = False
+                self.transport.resume_reading()
+
+        def sink(data: bytes) -> None:
+            nonlocal first, client_gone, last
+            if client_gone:
+                return
+            if first:
+                first = False
+                on_first_chunk()
+            last = loop.time()
+            try:
+                more = reply.write_nowait(data, resume)
+            except ConnectionError:
+                client_gone = True
+                self._wake()
+                return
+            if not more and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+
+        if self._chunks:  # what came before the pipe was laid
+            buffered = b"".join(self._chunks)
+            self._chunks.clear()
+            self._buffered = 0
+            sink(buffered)
+        if self._paused and not reply.waiting and self.transport is not None:
+            self._paused = False  # paused for the buffer above, not by the client
+            self.transport.resume_reading()
+        if first and self._done:
+            on_first_chunk()  # an empty body: its end is its first byte
+        self._sink = sink
+        try:
+            while True:
+                if client_gone:
+                    return False
+                if self._done:
+                    return True
+                if self._error is not None:
+                    raise self._error
+                waiter = self._waiter = loop.create_future()
+                timer = loop.call_later(read_timeout, _stalled, waiter)
+                try:
+                    await waiter
+                except _Stall:
+                    idle = loop.time() - last
+                    if not self._paused and idle >= read_timeout:
+                        raise ReadTimedOut(f"no answer within {read_timeout:g} s") from None
+                finally:
+                    timer.cancel()
+                    self._waiter = None
+        finally:
+            self._sink = None
+
     def close(self) -> None:
         self.reusable = False
         if self.transport is not None:
@@ -336,6 +412,15 @@ class _Connection(asyncio.Protocol):
         finally:
             timer.cancel()
             self._waiter = None
+
+
+class _Stall(Exception):
+    """The stall timer of a pipe fired: the pipe checks when it last read."""
+
+
+def _stalled(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(_Stall())
 
 
 def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
@@ -658,21 +743,12 @@ async def _relay_chunks(
     on_first_chunk: Callable[[], None],
 ) -> Relay:
     """Each chunk to the client as soon as it is read."""
-    first = True
-    while True:
-        try:
-            chunk = await conn.chunk(read_timeout)
-        except (Disconnected, ReadTimedOut) as e:
-            return _broken(request, reply, e)
-        if first:
-            on_first_chunk()
-            first = False
-        if not chunk:
-            break  # end of body
-        try:
-            await reply.write(chunk)
-        except ConnectionError:
-            return Relay(reply.status, client_gone=True)
+    try:
+        ended = await conn.pipe(reply, read_timeout, on_first_chunk)
+    except (Disconnected, ReadTimedOut) as e:
+        return _broken(request, reply, e)
+    if not ended:
+        return Relay(reply.status, client_gone=True)
     try:
         await reply.end()
     except ConnectionError:
