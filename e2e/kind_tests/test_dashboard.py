@@ -161,7 +161,7 @@ def test_every_panel_of_the_dashboard_has_data_after_a_scripted_session(
         kubectl, ns,
         harness.fake_member("a", load_time=0.5), harness.fake_member("b", load_time=1.0),
         harness.fake_member("broken", env={"FAKE_MODEL_FAIL_LOAD": "1"}),
-        harness.pool("slot", ["a", "b", "broken"], default="a", swap_budget="8s",
+        harness.pool("slot", ["a", "b", "broken"], default="a", swap_budget="15s",
                      idleUnloadAfter="6s"),
         harness.router("chat", ["a", "b", "broken"]))
     (router,) = harness.wait_router_ready(kubectl, ns, "chat", None, 180.0)
