@@ -80,6 +80,16 @@ async def connection() -> tuple[upstream._Connection, FakeTransport]:
     return conn, transport
 
 
+async def piped(read_timeout: float = 5.0, on_first_chunk: Callable[[], None] = lambda: None
+                ) -> tuple[upstream._Connection, FakeTransport, FakeReply, asyncio.Future[bool]]:
+    """A connection whose answer's head is in, piping into a fresh client from now on."""
+    conn, transport = await connection()
+    reply = FakeReply()
+    piping = asyncio.ensure_future(conn.pipe(reply, read_timeout, on_first_chunk))  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # the pipe's task lays its sink
+    return conn, transport, reply, piping
+
+
 async def test_chunks_go_to_the_client_as_they_arrive_and_the_end_ends_the_pipe() -> None:
     conn, _ = await connection()
     conn.data_received(chunk(b"early"))  # before the pipe is laid: buffered, then written
@@ -97,10 +107,7 @@ async def test_chunks_go_to_the_client_as_they_arrive_and_the_end_ends_the_pipe(
 
 
 async def test_the_upstream_pauses_while_the_client_is_full_and_resumes_on_drain() -> None:
-    conn, transport = await connection()
-    reply = FakeReply()
-    piping = asyncio.ensure_future(conn.pipe(reply, 5.0, lambda: None))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    conn, transport, reply, piping = await piped()
     reply.full = True
     conn.data_received(chunk(b"x" * 100))
     assert not transport.reading
@@ -119,10 +126,7 @@ async def test_a_stall_past_the_read_timeout_is_read_timed_out() -> None:
 
 
 async def test_a_client_full_for_longer_than_the_read_timeout_is_no_stall() -> None:
-    conn, _ = await connection()
-    reply = FakeReply()
-    piping = asyncio.ensure_future(conn.pipe(reply, 0.05, lambda: None))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    conn, _, reply, piping = await piped(read_timeout=0.05)
     reply.full = True
     conn.data_received(chunk(b"x"))
     await asyncio.sleep(0.2)  # four read timeouts with the client full
@@ -133,20 +137,14 @@ async def test_a_client_full_for_longer_than_the_read_timeout_is_no_stall() -> N
 
 
 async def test_a_client_that_leaves_ends_the_pipe() -> None:
-    conn, _ = await connection()
-    reply = FakeReply()
-    piping = asyncio.ensure_future(conn.pipe(reply, 5.0, lambda: None))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    conn, _, reply, piping = await piped()
     reply.gone = True
     conn.data_received(chunk(b"x"))
     assert await piping is False
 
 
 async def test_the_upstream_closing_mid_body_is_disconnected() -> None:
-    conn, _ = await connection()
-    reply = FakeReply()
-    piping = asyncio.ensure_future(conn.pipe(reply, 5.0, lambda: None))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    conn, _, _, piping = await piped()
     conn.data_received(chunk(b"x"))
     conn.connection_lost(None)
     with pytest.raises(upstream.Disconnected):
