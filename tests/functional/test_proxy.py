@@ -311,6 +311,21 @@ async def test_api_keys(router: Router) -> None:
     assert len(router.upstream.received) == 2
 
 
+async def test_unknown_paths_and_wrong_methods_get_openai_shaped_404_and_405(
+    router: Router,
+) -> None:
+    async with router.http.get(router.url + "/v1/nothing-here") as resp:
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == "unknown_url"
+    async with router.http.get(router.url + "/v1/chat/completions") as resp:
+        assert resp.status == 405
+        assert resp.headers["Allow"] == "POST"
+        assert (await resp.json())["error"]["code"] == "method_not_allowed"
+    async with router.http.post(router.url + "/v1/models") as resp:
+        assert (resp.status, resp.headers["Allow"]) == (405, "GET")
+    assert router.upstream.received == []
+
+
 async def test_no_keys_means_open(router: Router) -> None:
     async with await router.post({"model": "alpha"}) as resp:
         assert resp.status == 200
