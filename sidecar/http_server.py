@@ -41,7 +41,6 @@ from http import HTTPStatus
 from typing import Protocol, cast
 
 import httptools
-from multidict import CIMultiDict
 
 logger = logging.getLogger(__name__)
 
@@ -55,27 +54,16 @@ Header = tuple[str, str]
 class Request:
     """One parsed request, its body read whole."""
 
-    __slots__ = ("_headers", "body", "http11", "keep_alive", "method", "path", "raw_headers",
-                 "target")
+    __slots__ = ("body", "keep_alive", "method", "path", "raw_headers", "target")
 
     def __init__(self, method: str, target: str, raw_headers: list[tuple[bytes, bytes]],
-                 body: bytes, http11: bool, keep_alive: bool) -> None:
+                 body: bytes, keep_alive: bool) -> None:
         self.method = method
         self.target = target  # as the client sent it: path and query, or an absolute URL
         self.path = _path_of(target)
         self.raw_headers = raw_headers  # as they came: (name, value) bytes
-        self._headers: CIMultiDict[str] | None = None
         self.body = body
-        self.http11 = http11
         self.keep_alive = keep_alive
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        if self._headers is None:
-            self._headers = CIMultiDict(
-                (n.decode("latin-1"), v.decode("utf-8", "surrogateescape"))
-                for n, v in self.raw_headers)
-        return self._headers
 
     def header(self, name: bytes) -> str | None:
         """The first value of the header `name` (lower-case), if the request has it."""
@@ -401,12 +389,11 @@ class _Connection(asyncio.Protocol):
             return
         parser = self._parser
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        http11 = parser.get_http_version() == "1.1"
-        self.http11_client = http11
+        self.http11_client = parser.get_http_version() == "1.1"
         request = Request(
             parser.get_method().decode("ascii", "replace"),
             b"".join(self._url).decode("utf-8", "surrogateescape"),
-            self._headers, body, http11, parser.should_keep_alive(),
+            self._headers, body, parser.should_keep_alive(),
         )
         if parser.should_upgrade() and self._length and not body:
             self._upgrading = request, [], self._length  # its body follows (data_received)
@@ -492,13 +479,11 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def close_if_idle(self) -> bool:
-        """Close now if nothing is being answered; otherwise once it is. True if closed."""
+    def close_if_idle(self) -> None:
+        """Close now if nothing is being answered; otherwise once it is."""
         self._closing = True
         if self._task is None and self.transport is not None:
             self.transport.close()
-            return True
-        return False
 
     def _parser_idle(self) -> bool:
         """Whether no request has begun since the last one ended."""
