@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
@@ -231,6 +231,25 @@ class Target:
     pool: str | None
 
 
+class _Lease:
+    """One request's hold on a backend (`Activation.acquire`): entered once it may be
+    served, left when its answer is done. A plain class rather than an
+    `asynccontextmanager`: every proxied request takes one, and an async generator costs
+    a registration with the event loop besides its frames."""
+
+    __slots__ = ("_activation", "_backend")
+
+    def __init__(self, activation: Activation, backend: BackendConfig) -> None:
+        self._activation = activation
+        self._backend = backend
+
+    async def __aenter__(self) -> Target:
+        return await self._activation._enter(self._backend)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._activation._leave(self._backend)
+
+
 class ActivationError(Exception):
     """A request the activator cannot serve: the proxy answers `status` with Retry-After."""
 
@@ -353,13 +372,13 @@ class Activation:
     # --- requests ---
 
     def acquire(self, backend: BackendConfig) -> AbstractAsyncContextManager[Target]:
-        return self._acquire(backend)
+        return _Lease(self, backend)
 
-    @asynccontextmanager
-    async def _acquire(self, backend: BackendConfig) -> AsyncIterator[Target]:
+    async def _enter(self, backend: BackendConfig) -> Target:
+        """A target for `backend`, once it may serve (held while its pool swaps); counted
+        in flight until `_leave`."""
         if backend.url is not None:
-            yield Target(backend.url.rstrip("/"), backend.name, None)
-            return
+            return Target(backend.url.rstrip("/"), backend.name, None)
         pooled = backend.pool is not None and backend.model_server is not None
         if pooled:
             assert backend.pool is not None and backend.model_server is not None
@@ -372,9 +391,10 @@ class Activation:
                 f"{backend.name} has no ready endpoint", code=NO_READY_ENDPOINT, retry_after=1.0
             )
         self._inflight[backend.name] += 1
-        try:
-            yield target
-        finally:
+        return target
+
+    def _leave(self, backend: BackendConfig) -> None:
+        if backend.url is None:
             self._inflight[backend.name] -= 1
 
     async def _hold(self, pool: str, member: str) -> None:

@@ -10,7 +10,6 @@ satisfies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -180,12 +179,16 @@ class Proxy:
         # 502 for a resident whose process went away.
         for attempt in (1, 2):
             try:
-                async with contextlib.AsyncExitStack() as stack:
-                    entering = stack.enter_async_context(self._activation.acquire(backend))
-                    target = await (held.hold(entering) if held is not None else entering)
+                lease = self._activation.acquire(backend)
+                entering = lease.__aenter__()
+                # Entered through `held` for a stream, which keeps the client's stream alive
+                # while the request is held; left below once the answer is done.
+                target = await (held.hold(entering) if held is not None else entering)
+                try:
                     endpoint = target.base_url
                     try:
-                        await slots.acquire(endpoint)
+                        if not slots.take(endpoint):
+                            await slots.acquire(endpoint)
                         try:
                             return await upstream.forward(
                                 request,
@@ -227,6 +230,8 @@ class Proxy:
                         if dead and attempt == 1 and backend.service is not None:
                             continue
                         raise err from e
+                finally:
+                    await lease.__aexit__(None, None, None)
             except ProxyError:
                 raise
             except Exception as e:

@@ -138,10 +138,13 @@ class Reply:
         head = self._head(status, reason, headers,
                           lines + b"Content-Length: %d\r\n" % len(body))
         self.done = True
+        conn = self._conn
         if len(body) < 65536:
-            await self._conn.write(head + body)
+            conn.put(head + body)
         else:
-            await self._conn.write(head, body)
+            conn.put(head, body)
+        if conn.writing_paused:
+            await conn.drained()
 
     async def start(self, status: int, headers: Iterable[Header] = (), *,
                     reason: str | None = None, length: int | None = None,
@@ -210,28 +213,41 @@ class Reply:
 
     def _head(self, status: int, reason: str | None, headers: Iterable[Header],
               more: bytes) -> bytes:
-        if reason is None:
-            reason = _PHRASES.get(status, "")
-        parts = [f"HTTP/1.1 {status} {reason}\r\n"]
-        for name, value in headers:
-            parts.append(f"{name}: {value}\r\n")
-        parts.append(f"Date: {_date()}\r\n")
         if self.keep_alive and self._conn.closing:
             self.keep_alive = False
-        if not self.keep_alive:
-            parts.append("Connection: close\r\n")
-        return "".join(parts).encode("utf-8", "surrogateescape") + more + b"\r\n"
+        named = "".join([f"{name}: {value}\r\n" for name, value in headers])
+        return b"".join((
+            _status_line(status, reason),
+            named.encode("utf-8", "surrogateescape") if named else b"",
+            _date_line(),
+            b"" if self.keep_alive else b"Connection: close\r\n",
+            more,
+            b"\r\n",
+        ))
 
 
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
-_date_cache: tuple[int, str] = (0, "")
+_status_lines: dict[tuple[int, str | None], bytes] = {}
+_date_cache: tuple[int, bytes] = (0, b"")
 
 
-def _date() -> str:
+def _status_line(status: int, reason: str | None) -> bytes:
+    key = (status, reason)
+    line = _status_lines.get(key)
+    if line is None:
+        phrase = _PHRASES.get(status, "") if reason is None else reason
+        line = f"HTTP/1.1 {status} {phrase}\r\n".encode("utf-8", "surrogateescape")
+        if len(_status_lines) < 256:  # an upstream's own reason phrases are few
+            _status_lines[key] = line
+    return line
+
+
+def _date_line() -> bytes:
+    """The `Date` header line, made once a second."""
     global _date_cache
     now = int(time.time())
     if _date_cache[0] != now:
-        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
+        _date_cache = (now, b"Date: %s\r\n" % email.utils.formatdate(now, usegmt=True).encode())
     return _date_cache[1]
 
 
@@ -456,6 +472,13 @@ class _Connection(asyncio.Protocol):
             self.idle_since = self._loop.time()
 
     async def write(self, *data: bytes) -> None:
+        """`data` to the client, once its socket buffer can take more."""
+        self.put(*data)
+        if self._writing_paused:
+            await self.drained()
+
+    def put(self, *data: bytes) -> None:
+        """`data` to the client's transport, however full its buffer already is."""
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
@@ -463,6 +486,9 @@ class _Connection(asyncio.Protocol):
             transport.write(data[0])
         else:
             transport.writelines(data)
+
+    async def drained(self) -> None:
+        """Until the client's socket buffer takes writes again."""
         if self._writing_paused:
             waiter = self._drain = self._loop.create_future()
             await waiter

@@ -12,7 +12,6 @@ import asyncio
 import collections
 import contextlib
 import errno
-import functools
 import json
 import logging
 import ssl
@@ -55,11 +54,17 @@ class EndpointSlots:
         """How many endpoints have a request in flight or waiting."""
         return len(self._busy)
 
-    async def acquire(self, endpoint: str) -> None:
-        """Take a slot of `endpoint`; give it back with `release` (try/finally)."""
+    def take(self, endpoint: str) -> bool:
+        """Take a free slot of `endpoint` at once, if there is one (no one waits for it)."""
         busy = self._busy.get(endpoint, 0)
         if busy < self._limit and endpoint not in self._waiters:
             self._busy[endpoint] = busy + 1
+            return True
+        return False
+
+    async def acquire(self, endpoint: str) -> None:
+        """Take a slot of `endpoint`; give it back with `release` (try/finally)."""
+        if self.take(endpoint):
             return
         waiters = self._waiters.setdefault(endpoint, collections.deque())
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -192,14 +197,17 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
-        # Called if the server closes this connection while it waits in the pool.
+        # Called if the server closes this connection while it waits in the pool, whose
+        # key (the base URL) is `pool_key`.
         self.on_idle_close: Callable[[_Connection], None] | None = None
+        self.pool_key = ""
         # Whether it served an exchange before the current one (it came from the pool).
         self.reused = False
         self._reset()
 
     def _reset(self) -> None:
         self.status = 0  # set once the final (non-1xx) head is in
+        self.length: int | None = None  # the answer's Content-Length, once its head is in
         self.reason = ""
         self.headers: list[tuple[bytes, bytes]] = []
         self.reusable = False
@@ -257,9 +265,16 @@ class _Connection(asyncio.Protocol):
             self.headers = []  # an interim answer (100 Continue): the real one follows
             return
         self.status = status
-        self._until_close = not any(
-            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers
-        )
+        length = None
+        framed = False
+        for name, value in self.headers:
+            if len(name) == 14 and name.lower() == b"content-length":
+                length = int(value)  # llhttp has checked it
+                framed = True
+            elif len(name) == 17 and name.lower() == b"transfer-encoding":
+                framed = True
+        self.length = length
+        self._until_close = not framed
         self._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -310,6 +325,23 @@ class _Connection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             await self._wait(read_timeout)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole answer is in (what is left of its body: `take_whole`)."""
+        return self._done
+
+    def take_whole(self) -> bytes:
+        """The body read and not yet taken, once the answer is `complete`."""
+        assert self._done, "the answer is not complete"
+        chunks = self._chunks
+        whole = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return whole
 
     async def whole(self, read_timeout: float) -> bytes:
         """The rest of the body, once it has all arrived."""
@@ -461,17 +493,34 @@ class Client:
     async def open(self, endpoint: _Endpoint, *, fresh: bool = False) -> _Connection:
         """A pooled connection to `endpoint` (its `reused` set), or a new one; only a new
         one when `fresh`."""
-        loop = asyncio.get_running_loop()
-        idle = None if fresh else self._idle.get(endpoint.base_url)
+        if not fresh:
+            conn = self.pooled(endpoint)
+            if conn is not None:
+                return conn
+        return await self.connect(endpoint)
+
+    def pooled(self, endpoint: _Endpoint) -> _Connection | None:
+        """The most recently used idle connection to `endpoint` still fit to reuse (its
+        `reused` set), if there is one."""
+        idle = self._idle.get(endpoint.base_url)
+        if idle is None:
+            return None
+        now = asyncio.get_running_loop().time()
         while idle:
             conn = idle.pop()
             conn.on_idle_close = None
-            if conn.transport is not None and loop.time() - conn.idle_since < self._keepalive:
+            if conn.transport is not None and now - conn.idle_since < self._keepalive:
                 conn.reused = True
+                if not idle:
+                    del self._idle[endpoint.base_url]
                 return conn
             conn.close()
-        if idle is not None:
-            del self._idle[endpoint.base_url]
+        del self._idle[endpoint.base_url]
+        return None
+
+    async def connect(self, endpoint: _Endpoint) -> _Connection:
+        """A new connection to `endpoint`."""
+        loop = asyncio.get_running_loop()
         address = f"{endpoint.host}:{endpoint.port}"
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -494,11 +543,13 @@ class Client:
         if conn.reusable and conn.transport is not None:
             conn.idle_since = asyncio.get_running_loop().time()
             self._idle.setdefault(endpoint.base_url, []).append(conn)
-            conn.on_idle_close = functools.partial(self._forget, endpoint.base_url)
+            conn.pool_key = endpoint.base_url
+            conn.on_idle_close = self._forget
         else:
             conn.close()
 
-    def _forget(self, base_url: str, conn: _Connection) -> None:
+    def _forget(self, conn: _Connection) -> None:
+        base_url = conn.pool_key
         idle = self._idle.get(base_url)
         if idle is not None and conn in idle:
             idle.remove(conn)
@@ -561,19 +612,34 @@ def response_headers(raw: RawHeaders) -> bytes:
 
 def _lines(raw: RawHeaders, skip: frozenset[bytes]) -> bytes:
     kept = []
-    listed = _NOTHING
+    listed: frozenset[bytes] | None = None  # named by `Connection`, beyond hop-by-hop
     for name, value in raw:
         low = name.lower()
         if low in skip:
             if low == b"connection":
-                listed = listed | _connection_tokens(value)
+                tokens = _connection_tokens(value)
+                if tokens:
+                    listed = tokens if listed is None else listed | tokens
         else:
-            kept.append((low, b"%s: %s\r\n" % (name, value)))
-    return b"".join([line for low, line in kept if low not in listed])
+            kept.append(b"%s: %s\r\n" % (name, value))
+    if listed is None:
+        return b"".join(kept)
+    return b"".join([b"%s: %s\r\n" % (name, value) for name, value in raw
+                     if (low := name.lower()) not in skip and low not in listed])
+
+
+_TOKENS: dict[bytes, frozenset[bytes]] = {}
 
 
 def _connection_tokens(value: bytes) -> frozenset[bytes]:
-    return frozenset(t.strip().lower() for t in value.split(b",") if t.strip())
+    """The header names a `Connection` value lists, beyond the hop-by-hop ones."""
+    tokens = _TOKENS.get(value)
+    if tokens is None:
+        tokens = frozenset(t.strip().lower() for t in value.split(b",") if t.strip())
+        tokens -= HOP_BY_HOP
+        if len(_TOKENS) < 256:  # the same few values ("keep-alive", "close") recur
+            _TOKENS[value] = tokens
+    return tokens
 
 
 # --- the relay ----------------------------------------------------------------------------
@@ -609,7 +675,7 @@ async def forward(
         len(body),
     )
     request_bytes = [head, body] if len(body) > 16 * 1024 else [head + body]
-    conn = await client.open(endpoint)
+    conn = client.pooled(endpoint) or await client.connect(endpoint)
     finished = False
     try:
         conn.send(request_bytes)
@@ -627,14 +693,14 @@ async def forward(
             logger.debug("pooled connection to %s closed unanswered; sending again",
                          base_url)
             conn.close()
-            conn = await client.open(endpoint, fresh=True)
+            conn = await client.connect(endpoint)
             conn.send(request_bytes)
             await conn.head(read_timeout)
         if reply.started:
             relay = await _relay_into(request, reply, conn, read_timeout, on_first_chunk)
             finished = relay.upstream_failure is None and not relay.client_gone
             return relay
-        length = _content_length(conn.headers)
+        length = conn.length
         out_headers = response_headers(conn.headers)
         if answered_by is not None:  # sidecar.fallback.ANSWERED_BY
             out_headers += b"X-Modelpool-Backend: %s\r\n" % answered_by.encode()
@@ -676,13 +742,6 @@ def _target(request: Request) -> bytes:
     return raw.encode("utf-8", "surrogateescape")
 
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if len(name) == 14 and name.lower() == b"content-length":
-            return int(value)  # llhttp has checked it
-    return None
-
-
 # A reply of known length up to this size is read in one call and written in one: a
 # typical JSON answer arrives in one segment, so this is what streaming it would send,
 # for fewer turns of the loop. Anything longer, or of unknown length, streams.
@@ -699,7 +758,7 @@ async def _whole_or_broken(
     """The whole body (its first byte counted), or how the relay ended if the upstream
     broke before it was all in."""
     try:
-        whole = await conn.whole(read_timeout)
+        whole = conn.take_whole() if conn.complete else await conn.whole(read_timeout)
     except (Disconnected, ReadTimedOut) as e:
         return _broken(request, reply, e)
     on_first_chunk()

@@ -51,3 +51,18 @@ def test_each_router_metrics_counts_on_its_own_registry() -> None:
     RouterMetrics(second, "chat")
     assert _value(first, "modelpool_requests_total", model="coder", code="200") == 1
     assert _value(second, "modelpool_requests_total", model="coder", code="200") is None
+
+
+def test_an_observation_on_a_bound_counts_in_that_bucket_and_one_past_the_last_only_in_inf(
+) -> None:
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry, "chat")
+    metrics.request_done("coder", 200, 0.005)  # exactly on a bound: `le` includes it
+    metrics.request_done("coder", 200, 1000.0)  # past the last bound (600)
+    duration = "modelpool_request_duration_seconds_bucket"
+    assert _value(registry, duration, model="coder", le="0.001") is None  # not a bound
+    assert _value(registry, duration, model="coder", le="0.005") == 1
+    assert _value(registry, duration, model="coder", le="600.0") == 1
+    assert _value(registry, duration, model="coder", le="+Inf") == 2
+    assert _value(registry, "modelpool_request_duration_seconds_sum", model="coder") == (
+        pytest.approx(1000.005))
