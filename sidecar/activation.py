@@ -315,6 +315,8 @@ class Activation:
         self._waiting: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
         self._inflight: Counter[str] = Counter()  # per backend
+        # Per backend with a URL: that URL and its one target.
+        self._static: dict[str, tuple[str, Target]] = {}
         self._pools_synced = False
         self._slices_synced = False
         self._wake = asyncio.Event()
@@ -378,7 +380,11 @@ class Activation:
         """A target for `backend`, once it may serve (held while its pool swaps); counted
         in flight until `_leave`."""
         if backend.url is not None:
-            return Target(backend.url.rstrip("/"), backend.name, None)
+            known = self._static.get(backend.name)
+            if known is None or known[0] != backend.url:
+                known = self._static[backend.name] = (
+                    backend.url, Target(backend.url.rstrip("/"), backend.name, None))
+            return known[1]
         pooled = backend.pool is not None and backend.model_server is not None
         if pooled:
             assert backend.pool is not None and backend.model_server is not None

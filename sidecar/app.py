@@ -121,11 +121,12 @@ class Proxy:
             if backend is None:
                 label = UNKNOWN_MODEL
                 raise errors.model_not_found(model)
-            backend, rewrite = fallback.choose(backend, live.config,
-                                               self._activation.serves_now,
-                                               self._activation.swap_can_start)
-            if rewrite is not None:
-                body = fallback.with_model(body, rewrite)
+            if backend.fallback is not None:
+                backend, rewrite = fallback.choose(backend, live.config,
+                                                   self._activation.serves_now,
+                                                   self._activation.swap_can_start)
+                if rewrite is not None:
+                    body = fallback.with_model(body, rewrite)
             label = backend.name
             if streamed:
                 held = HeldStream(request, reply, backend.name,

@@ -371,12 +371,12 @@ class _Connection(asyncio.Protocol):
         length = expect = None
         chunked = False
         for name, value in self._headers:
-            low = name.lower()
-            if low == b"content-length":
+            size = len(name)  # lower-case only the names that may be one of these
+            if size == 14 and name.lower() == b"content-length":
                 length = int(value)  # llhttp has checked it
-            elif low == b"expect":
+            elif size == 6 and name.lower() == b"expect":
                 expect = value.lower()
-            elif low == b"transfer-encoding":
+            elif size == 17 and name.lower() == b"transfer-encoding":
                 chunked = True
         self._length = length or 0
         if chunked and self._parser.should_upgrade():

@@ -657,19 +657,37 @@ RawHeaders = list[tuple[bytes, bytes]]
 def request_headers(raw: RawHeaders, *, drop: frozenset[bytes] = _NOTHING) -> bytes:
     """The client's header lines minus hop-by-hop ones, whatever `Connection` lists and
     any in `drop` (lower-case names), ready to send."""
-    return _lines(raw, _REQUEST_SKIP | drop if drop else _REQUEST_SKIP)
+    return _lines(raw, *_skipping(_REQUEST_SKIP | drop if drop else _REQUEST_SKIP))
 
 
 def response_headers(raw: RawHeaders) -> bytes:
     """The upstream's header lines minus hop-by-hop ones, whatever `Connection` lists, and
     the framing the router writes itself (`Content-Length`, `Date`), ready to send."""
-    return _lines(raw, _RESPONSE_SKIP)
+    return _lines(raw, *_RESPONSE_SKIPPING)
 
 
-def _lines(raw: RawHeaders, skip: frozenset[bytes]) -> bytes:
+_Skipping = tuple[frozenset[bytes], frozenset[int]]
+# Each set of names to skip, with the lengths of its names.
+_skippings: dict[frozenset[bytes], _Skipping] = {}
+
+
+def _skipping(names: frozenset[bytes]) -> _Skipping:
+    known = _skippings.get(names)
+    if known is None:
+        known = _skippings[names] = (names, frozenset(len(name) for name in names))
+    return known
+
+
+_RESPONSE_SKIPPING = _skipping(_RESPONSE_SKIP)
+
+
+def _lines(raw: RawHeaders, skip: frozenset[bytes], sizes: frozenset[int]) -> bytes:
     kept = []
     listed: frozenset[bytes] | None = None  # named by `Connection`, beyond hop-by-hop
     for name, value in raw:
+        if len(name) not in sizes:  # no name to skip is this long: no need to lower it
+            kept.append(b"%s: %s\r\n" % (name, value))
+            continue
         low = name.lower()
         if low in skip:
             if low == b"connection":
