@@ -181,10 +181,9 @@ class Proxy:
         for attempt in (1, 2):
             try:
                 lease = self._activation.acquire(backend)
-                entering = lease.__aenter__()
                 # Entered through `held` for a stream, which keeps the client's stream alive
                 # while the request is held; left below once the answer is done.
-                target = await (held.hold(entering) if held is not None else entering)
+                target = await (held.hold(lease) if held is not None else lease.__aenter__())
                 try:
                     endpoint = target.base_url
                     try:

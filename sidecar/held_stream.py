@@ -23,7 +23,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 from sidecar.http_server import Reply, Request
@@ -58,9 +59,10 @@ class HeldStream:
         """Whether the early answer went out: the upstream's events continue it."""
         return self._reply.started
 
-    async def hold(self, entering: Awaitable[T]) -> T:
-        """`entering` (the activator's acquire), keeping the stream alive while it waits."""
-        task = asyncio.ensure_future(entering)
+    async def hold(self, lease: AbstractAsyncContextManager[T]) -> T:
+        """Enter `lease` (the activator's), keeping the stream alive while it waits. Left
+        again if the client goes just as it was entered: the caller never saw it."""
+        task = asyncio.ensure_future(lease.__aenter__())
         try:
             done, _ = await asyncio.wait({task}, timeout=HOLD_NOTICE_AFTER)
             since = self._clock()
@@ -69,7 +71,10 @@ class HeldStream:
                 done, _ = await asyncio.wait({task}, timeout=self._interval)
             return task.result()
         except BaseException:
-            task.cancel()
+            if task.done() and not task.cancelled() and task.exception() is None:
+                await lease.__aexit__(None, None, None)
+            else:
+                task.cancel()
             raise
 
     async def _comment(self, since: float) -> None:
