@@ -657,7 +657,12 @@ RawHeaders = list[tuple[bytes, bytes]]
 def request_headers(raw: RawHeaders, *, drop: frozenset[bytes] = _NOTHING) -> bytes:
     """The client's header lines minus hop-by-hop ones, whatever `Connection` lists and
     any in `drop` (lower-case names), ready to send."""
-    return _lines(raw, *_skipping(_REQUEST_SKIP | drop if drop else _REQUEST_SKIP))
+    if not drop:
+        return _lines(raw, *_REQUEST_SKIPPING)
+    skipping = _with_dropped.get(drop)
+    if skipping is None:  # callers pass one of a few constant sets
+        skipping = _with_dropped[drop] = _skipping(_REQUEST_SKIP | drop)
+    return _lines(raw, *skipping)
 
 
 def response_headers(raw: RawHeaders) -> bytes:
@@ -679,6 +684,9 @@ def _skipping(names: frozenset[bytes]) -> _Skipping:
 
 
 _RESPONSE_SKIPPING = _skipping(_RESPONSE_SKIP)
+_REQUEST_SKIPPING = _skipping(_REQUEST_SKIP)
+# The request's names to skip with each set of further names dropped (`request_headers`).
+_with_dropped: dict[frozenset[bytes], _Skipping] = {}
 
 
 def _lines(raw: RawHeaders, skip: frozenset[bytes], sizes: frozenset[int]) -> bytes:
