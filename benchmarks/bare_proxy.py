@@ -65,7 +65,7 @@ class BareConnection(asyncio.Protocol):
         lines = b"".join(b"%s: %s\r\n" % (n, v) for n, v in headers if n.lower() not in _SKIP)
         head = b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
             url, endpoint.host_header, lines, len(body))
-        conn = await self._client.open(endpoint)
+        conn = self._client.pooled(endpoint) or await self._client.connect(endpoint)
         conn.send([head + body])
         await conn.head(30.0)
         whole = await conn.whole(30.0)

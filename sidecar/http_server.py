@@ -178,14 +178,9 @@ class Reply:
         drains. Raises ConnectionResetError if the client is gone."""
         assert self.status and not self.done, "write before start or after end"
         conn = self._conn
-        transport = conn.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        if data:
-            if self._chunked:
-                transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-            else:
-                transport.write(data)
+        if self._chunked and data:
+            data = b"%x\r\n%s\r\n" % (len(data), data)
+        conn.put(data)
         if conn.writing_paused:
             conn.on_writable = on_writable
             return False
@@ -478,12 +473,14 @@ class _Connection(asyncio.Protocol):
             await self.drained()
 
     def put(self, *data: bytes) -> None:
-        """`data` to the client's transport, however full its buffer already is."""
+        """`data` to the client's transport, however full its buffer already is; raises
+        ConnectionResetError if the client is gone, even with nothing to write."""
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         if len(data) == 1:
-            transport.write(data[0])
+            if data[0]:
+                transport.write(data[0])
         else:
             transport.writelines(data)
 

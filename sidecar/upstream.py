@@ -315,13 +315,7 @@ class _Connection(asyncio.Protocol):
         """The body read so far and not yet taken; b"" once it has all been taken."""
         while True:
             if self._chunks:
-                chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
-                self._chunks.clear()
-                self._buffered = 0
-                if self._paused and self.transport is not None:
-                    self._paused = False
-                    self.transport.resume_reading()
-                return chunk
+                return self._take()
             if self._done:
                 return b""
             if self._error is not None:
@@ -336,14 +330,18 @@ class _Connection(asyncio.Protocol):
     def take_whole(self) -> bytes:
         """The body read and not yet taken, once the answer is `complete`."""
         assert self._done, "the answer is not complete"
+        return self._take()
+
+    def _take(self) -> bytes:
+        """The body read and not yet taken; reading resumes if the buffer had paused it."""
         chunks = self._chunks
-        whole = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        taken = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._buffered = 0
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        return whole
+        return taken
 
     async def whole(self, read_timeout: float) -> bytes:
         """The rest of the body, once it has all arrived."""
@@ -543,15 +541,6 @@ class Client:
                 self._endpoints = {base_url: known}
         return known
 
-    async def open(self, endpoint: _Endpoint, *, fresh: bool = False) -> _Connection:
-        """A pooled connection to `endpoint` (its `reused` set), or a new one; only a new
-        one when `fresh`."""
-        if not fresh:
-            conn = self.pooled(endpoint)
-            if conn is not None:
-                return conn
-        return await self.connect(endpoint)
-
     def pooled(self, endpoint: _Endpoint) -> _Connection | None:
         """The most recently used idle connection to `endpoint` still fit to reuse (its
         `reused` set), if there is one."""
@@ -672,15 +661,11 @@ def response_headers(raw: RawHeaders) -> bytes:
 
 
 _Skipping = tuple[frozenset[bytes], frozenset[int]]
-# Each set of names to skip, with the lengths of its names.
-_skippings: dict[frozenset[bytes], _Skipping] = {}
 
 
 def _skipping(names: frozenset[bytes]) -> _Skipping:
-    known = _skippings.get(names)
-    if known is None:
-        known = _skippings[names] = (names, frozenset(len(name) for name in names))
-    return known
+    """A set of names to skip, with the lengths of its names."""
+    return names, frozenset(len(name) for name in names)
 
 
 _RESPONSE_SKIPPING = _skipping(_RESPONSE_SKIP)
@@ -757,6 +742,7 @@ async def forward(
         len(body),
     )
     request_bytes = [head, body] if len(body) > 16 * 1024 else [head + body]
+    # Not one coroutine for both: a pooled connection, the usual case, is taken at once.
     conn = client.pooled(endpoint) or await client.connect(endpoint)
     finished = False
     try:

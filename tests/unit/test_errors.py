@@ -120,7 +120,7 @@ def test_the_routers_own_lack_of_sockets_is_not_an_unreachable_upstream(code: in
         loop.create_connection = refuse  # type: ignore[method-assign,assignment]
         client = upstream.Client(connect_timeout=1.0)
         try:
-            await client.open(client.endpoint("http://127.0.0.1:9"))
+            await client.connect(client.endpoint("http://127.0.0.1:9"))
         except upstream.UpstreamError as e:
             return e
         finally:
