@@ -348,9 +348,9 @@ async def test_fail_load_never_turns_healthy(
         assert await server.stop() == 0
 
 
-async def test_sigterm_finishes_the_stream_in_flight(
-    tmp_path: Path, session: aiohttp.ClientSession
-) -> None:
+async def test_sigterm_finishes_the_stream_in_flight(tmp_path: Path) -> None:
+    # 60 tokens at 20 a second: the stream outlasts the signal by about 3 s, room for the
+    # probes below to see the listener closed on a loaded machine.
     server = await start_fake_model(
         "--tokens-per-second", "20", log_path=tmp_path / "fake.log"
     )
@@ -360,7 +360,7 @@ async def test_sigterm_finishes_the_stream_in_flight(
             stream = await client.chat.completions.create(
                 model="any",
                 messages=[{"role": "user", "content": "hi"}],
-                max_tokens=40,
+                max_tokens=60,
                 stream=True,
             )
             pieces: list[str] = []
@@ -370,15 +370,21 @@ async def test_sigterm_finishes_the_stream_in_flight(
                     break
             server.send_signal()
 
-            async def refusing() -> bool:
-                return await server.health_status(session) is None
+            # A new connection for every probe: a kept-alive one could be answered by a
+            # server that no longer accepts.
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True)
+            ) as probes:
 
-            await _poll(refusing, "the server stops accepting connections")
+                async def refusing() -> bool:
+                    return await server.health_status(probes) is None
+
+                await _poll(refusing, "the server stops accepting connections")
             assert server.process.returncode is None  # still finishing the stream
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     pieces.append(chunk.choices[0].delta.content)
-        assert "".join(pieces) == text_of(40)
+        assert "".join(pieces) == text_of(60)
         assert await server.wait_exit() == 0
     finally:
         await server.stop()
