@@ -105,6 +105,8 @@ class HttpIdleProbe:
             value = metric_value(text, check.metric)
         except (IdleParseError, ValueError) as e:
             return Reading(Verdict.FAILED, f"{url}: {str(e)[:200]}")
+        except RecursionError:
+            return Reading(Verdict.FAILED, f"{url}: the answer nests too deeply to read")
         mark = served_mark(text, check)
         if value <= check.threshold:
             return Reading(Verdict.IDLE, "", mark)

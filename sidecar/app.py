@@ -265,7 +265,8 @@ class Proxy:
         await reply.send(200, _JSON, json.dumps(entry).encode())
 
     def _authorize(self, request: Request) -> None:
-        if not self._live.keys.allows(request.header(b"authorization")):
+        keys = self._live.keys
+        if keys.enabled and not keys.allows(request.header(b"authorization")):
             raise errors.unauthorized()
 
 
@@ -280,12 +281,37 @@ def _model_entry(name: str, backend: BackendConfig, states: dict[str, str]) -> d
     }
 
 
+# json's C scanner: one JSON value from a position in a str. `json.loads` reaches the same
+# scanner through its encoding detection (Python code) and two whitespace matches. The
+# attribute is set in `JSONDecoder.__init__`, which typeshed does not list.
+_scan_value: Callable[[str, int], tuple[Any, int]] = (
+    json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+)
+
+
+def parse_json(body: bytes) -> Any:
+    """`json.loads(body)`, by the C scanner alone for a UTF-8 body (RFC 8259 requires it)
+    that is one value with nothing around it, as clients send. Any other body (a BOM,
+    whitespace around the value, UTF-16, invalid JSON) takes `json.loads` itself, so the
+    result and the error are always `json.loads`'s."""
+    try:
+        text = body.decode()
+        value, end = _scan_value(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        return json.loads(body)
+    if end != len(text):
+        return json.loads(body)
+    return value
+
+
 def _model_of(body: bytes) -> tuple[str, bool]:
     """The request's `model`, and whether it asks for a stream."""
     try:
-        payload = json.loads(body)
+        payload = parse_json(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise errors.bad_request(f"Request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise errors.bad_request("Request body nests arrays or objects too deeply.") from e
     if not isinstance(payload, dict):
         raise errors.bad_request("Request body must be a JSON object.")
     model = payload.get("model")

@@ -849,7 +849,7 @@ async def _relay_into(
         return whole
     try:
         body = json.loads(whole)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
         body = None
     if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):
         text = whole[:200].decode("utf-8", "replace")

@@ -143,6 +143,24 @@ async def test_an_upstream_error_after_the_headers_is_an_error_event() -> None:
     assert raised.value.message == "the prompt is too long"
 
 
+async def test_an_upstream_error_too_deep_to_parse_is_still_an_error_event() -> None:
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(body=b"[" * 1_500 + b"]" * 1_500, status=502,
+                            content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    async with serve_app(app) as upstream, router_to(upstream) as (url, activation), \
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+        stream = await sdk.chat.completions.create(model="coder", messages=CHAT, stream=True)
+        await until(lambda: activation.progress_asked >= 1)
+        activation.release()
+        with pytest.raises(openai.APIError) as raised:
+            async for _ in stream:
+                pass
+    assert raised.value.message.startswith("The backend answered 502: [[[")
+
+
 async def test_progress_as_content_is_what_a_chat_ui_shows(tmp_path: Path) -> None:
     async with fake_model(tmp_path) as upstream, \
             router_to(upstream, heldStreamProgress="content") as (url, activation), \

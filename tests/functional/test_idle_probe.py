@@ -29,9 +29,12 @@ class Pod:
         self.processing = False
         self.running = 0.0
         self.status = 200
+        self.slots_body: bytes | None = None  # instead of the slots, when set
 
     def app(self) -> web.Application:
         async def slots(request: web.Request) -> web.Response:
+            if self.slots_body is not None:
+                return web.Response(body=self.slots_body, content_type="application/json")
             return web.json_response([{"id": 0, "is_processing": self.processing}],
                                      status=self.status)
 
@@ -109,6 +112,14 @@ async def test_errors_fail_closed(pods: list[tuple[Pod, tuple[str, int]]],
     # a port where nothing listens
     closed = ("127.0.0.1", 1)
     assert (await probe.probe(SLOTS, [closed]))[0] is Verdict.FAILED
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[" * 1_500 + b"]" * 1_500])
+async def test_slots_that_cannot_be_read_fail_closed(pods: list[tuple[Pod, tuple[str, int]]],
+                                                     probe: HttpIdleProbe, body: bytes) -> None:
+    pods[0][0].slots_body = body
+    verdict, detail = await probe.probe(SLOTS, [pods[0][1]])
+    assert verdict is Verdict.FAILED and str(pods[0][1][1]) in detail
 
 
 async def test_a_member_without_an_idle_setting_is_unsupported(probe: HttpIdleProbe) -> None:

@@ -177,6 +177,8 @@ async def test_upstream_status_passes_through(router: Router) -> None:
         (b'{"messages": []}', "model"),
         (b'{"model": 7}', "model"),
         (b'{"model": ""}', "model"),
+        # Nested deeper than the interpreter's recursion limit: still a bad body, not a 500.
+        (b'{"model": "alpha", "x": ' + b"[" * 1_500 + b"]" * 1_500 + b"}", None),
     ],
 )
 async def test_bad_body_is_400(router: Router, body: bytes, param: str | None) -> None:
