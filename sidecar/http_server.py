@@ -16,6 +16,8 @@ write the answer whole or streamed. Everything else is the router's business:
   look the same until something is written;
 - a request that asks to upgrade (`Upgrade: h2c`, a websocket) is served in HTTP/1.1,
   the upgrade ignored;
+- a request with more than one `Host` header, or an HTTP/1.1 one with none, is a 400
+  (RFC 9112, 3.2), as nginx and HAProxy answer it;
 - answers of known length go out as one write; streamed ones use chunked transfer
   coding (close-delimited for an HTTP/1.0 client); writing waits while the client's
   socket buffer is full;
@@ -365,15 +367,23 @@ class _Connection(asyncio.Protocol):
         limit = self._limit = self._server.max_body()
         length = expect = None
         chunked = False
+        hosts = 0
         for name, value in self._headers:
             size = len(name)  # lower-case only the names that may be one of these
-            if size == 14 and name.lower() == b"content-length":
+            if size == 4 and name.lower() == b"host":
+                hosts += 1
+            elif size == 14 and name.lower() == b"content-length":
                 length = int(value)  # llhttp has checked it
             elif size == 6 and name.lower() == b"expect":
                 expect = value.lower()
             elif size == 17 and name.lower() == b"transfer-encoding":
                 chunked = True
         self._length = length or 0
+        # RFC 9112, 3.2: exactly one Host header in HTTP/1.1, at most one before it.
+        if hosts != 1 and (hosts or self._parser.get_http_version() == "1.1"):
+            why = "more than one Host header" if hosts else "an HTTP/1.1 request without Host"
+            self._refuse(self._server.errors.malformed(why))
+            return
         if chunked and self._parser.should_upgrade():
             self._refuse(self._server.errors.malformed(
                 "a request that asks to upgrade cannot have a chunked body"))

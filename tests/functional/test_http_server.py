@@ -225,6 +225,28 @@ def test_a_garbled_request_is_400_in_openai_shape(on_loop: Callable[..., None]) 
     on_loop(check)
 
 
+@pytest.mark.parametrize(("head", "why"), [
+    (b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n", "request without Host"),
+    (b"GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+     "more than one Host header"),
+    (b"GET /echo HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", "more than one Host header"),
+])
+def test_host_headers_other_than_one_are_400(
+    on_loop: Callable[..., None], head: bytes, why: str
+) -> None:
+    # RFC 9112, 3.2: a server must answer 400 to an HTTP/1.1 request without a Host header
+    # and to any request with more than one.
+    async def check(server: Server, handlers: Handlers) -> None:
+        *_, got = await raw(server, head)
+        [(status, _, body)] = answers(got)
+        assert status == 400
+        assert why in json.loads(body)["error"]["message"]
+        *_, got = await raw(server, b"GET /echo HTTP/1.0\r\n\r\n")  # 1.0 may leave it out
+        assert answers(got)[0][0] == 200
+
+    on_loop(check)
+
+
 def test_a_request_asking_to_upgrade_is_served_in_http11_with_its_body(
     on_loop: Callable[..., None],
 ) -> None:
