@@ -58,6 +58,15 @@ def unauthorized() -> ProxyError:
     )
 
 
+def head_too_large(limit: int) -> ProxyError:
+    return ProxyError(
+        431,
+        f"Request line and headers exceed the router's limit of {limit} bytes.",
+        type="invalid_request_error",
+        code="request_header_too_large",
+    )
+
+
 def model_not_found(model: str) -> ProxyError:
     return ProxyError(
         404,
@@ -179,6 +188,9 @@ class _ServerErrors:
 
     def too_large(self, limit: int) -> Answer:
         return answer(body_too_large(limit))
+
+    def head_too_large(self, limit: int) -> Answer:
+        return answer(head_too_large(limit))
 
     def internal(self) -> Answer:
         return answer(internal())

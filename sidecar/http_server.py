@@ -16,6 +16,7 @@ write the answer whole or streamed. Everything else is the router's business:
   look the same until something is written;
 - a request that asks to upgrade (`Upgrade: h2c`, a websocket) is served in HTTP/1.1,
   the upgrade ignored;
+- a request line and headers over `MAX_HEAD_BYTES` are a 431, read no further;
 - a request with more than one `Host` header, or an HTTP/1.1 one with none, is a 400
   (RFC 9112, 3.2), as nginx and HAProxy answer it;
 - answers of known length go out as one write; streamed ones use chunked transfer
@@ -46,6 +47,9 @@ import httptools
 
 logger = logging.getLogger(__name__)
 
+# The most a request's line and headers may take (nginx allows 32 KiB, aiohttp 8 KiB a
+# line); past it the answer is 431 and the connection closes.
+MAX_HEAD_BYTES = 64 * 1024
 KEEPALIVE_SECONDS = 75.0  # aiohttp's default, which clients and proxies have met so far
 # Pipelined requests waiting for their turn before the server stops reading.
 _MAX_QUEUED = 8
@@ -94,6 +98,8 @@ class ErrorAnswers(Protocol):
     def malformed(self, detail: str) -> Answer: ...
 
     def too_large(self, limit: int) -> Answer: ...
+
+    def head_too_large(self, limit: int) -> Answer: ...
 
     def internal(self) -> Answer: ...
 
@@ -270,6 +276,10 @@ class _Connection(asyncio.Protocol):
         self.idle_since: float | None = None
         self.http11_client = True
         self._in_message = False
+        # The request head being read: its number on this connection, and its bytes
+        # beyond the read that began it (None between heads).
+        self._heads = 0
+        self._head: int | None = None
         # A request that asked to upgrade, whose body is still to come: (request, the
         # body's parts so far, bytes still needed).
         self._upgrading: tuple[Request, list[bytes], int] | None = None
@@ -299,8 +309,17 @@ class _Connection(asyncio.Protocol):
             data = self._upgrade_body(data)
             if not data:
                 return
+        head = self._heads if self._head is not None else -1
         try:
             self._parser.feed_data(data)
+            if self._head is not None and self._heads == head:
+                # The same head, still unfinished, took all of this read. httptools keeps
+                # a header line until it ends, so this is where a head that never ends
+                # is caught. A head may pass the limit by at most the read that began it
+                # (which is not counted: where in it the head began is not known).
+                self._head += len(data)
+                if self._head > MAX_HEAD_BYTES:
+                    self._refuse(self._server.errors.head_too_large(MAX_HEAD_BYTES))
         except httptools.HttpParserUpgrade as e:
             # llhttp ends a request that asks to upgrade (`Upgrade: h2c`, a websocket) at
             # its head. The router ignores the upgrade, as RFC 9110 section 7.8 lets a
@@ -355,6 +374,8 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._message_begun()
         self._in_message = True
+        self._heads += 1
+        self._head = 0
         self.idle_since = None
 
     def on_url(self, url: bytes) -> None:
@@ -364,6 +385,7 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._head = None
         limit = self._limit = self._server.max_body()
         length = expect = None
         chunked = False

@@ -7,8 +7,9 @@ Every test runs on asyncio's loop and on uvloop, whose transports differ."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,7 +17,7 @@ import aiohttp
 import pytest
 import uvloop
 
-from sidecar import errors
+from sidecar import errors, http_server
 from sidecar.http_server import Reply, Request, Server
 
 pytestmark = pytest.mark.functional
@@ -242,6 +243,92 @@ def test_host_headers_other_than_one_are_400(
         assert status == 400
         assert why in json.loads(body)["error"]["message"]
         *_, got = await raw(server, b"GET /echo HTTP/1.0\r\n\r\n")  # 1.0 may leave it out
+        assert answers(got)[0][0] == 200
+
+    on_loop(check)
+
+
+@pytest.mark.parametrize("piece", [
+    b"a" * 16384,  # one header line that never ends
+    b"X-Many: 1\r\n" * 1000,  # headers that never end
+])
+def test_a_head_that_never_ends_is_431_and_read_no_further(
+    on_loop: Callable[..., None], piece: bytes
+) -> None:
+    async def check(server: Server, handlers: Handlers) -> None:
+        reader, writer, _ = await raw(server, b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Long: ",
+                                      then_read=False)
+
+        async def send() -> None:
+            for _ in range(4 * 1024 * 1024 // len(piece)):  # 64 times the limit
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0)
+
+        sending = asyncio.create_task(send())
+        async with asyncio.timeout(10):
+            answer = await reader.readuntil(b"\r\n\r\n")
+        sending.cancel()
+        assert answer.startswith(b"HTTP/1.1 431 ")
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            await sending
+
+    on_loop(check)
+
+
+class _Transport:
+    """What a connection of the server asks of its transport, recorded."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def writelines(self, data: Iterable[bytes]) -> None:
+        for piece in data:
+            self.write(piece)
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+async def test_a_head_is_cut_within_one_read_past_the_limit() -> None:
+    server = Server(Handlers(), max_body=lambda: LIMIT, errors=errors.SERVER_ERRORS)
+    connection = http_server._Connection(server)
+    transport = _Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    piece = 8192
+    # The read that begins the head is not counted, whatever its size.
+    connection.data_received(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 100_000)
+    reads = 0
+    while transport.reading:
+        connection.data_received(b"a" * piece)
+        reads += 1
+        assert reads < 100
+    assert reads == http_server.MAX_HEAD_BYTES // piece + 1
+    await asyncio.sleep(0)  # the refusal is written by a task
+    assert transport.written.startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_large_head_within_the_limit_is_served(on_loop: Callable[..., None]) -> None:
+    async def check(server: Server, handlers: Handlers) -> None:
+        value = b"v" * (http_server.MAX_HEAD_BYTES // 2)
+        head = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\nConnection: close\r\n\r\n"
+        *_, got = await raw(server, head % value)
         assert answers(got)[0][0] == 200
 
     on_loop(check)
