@@ -133,6 +133,10 @@ _PAUSE_BYTES = 256 * 1024
 # --- what can go wrong (sidecar.errors translates these) ----------------------------------
 
 
+# The most an answer's status line and headers may take; past it the answer is broken.
+MAX_ANSWER_HEAD_BYTES = 64 * 1024
+
+
 class UpstreamError(Exception):
     """A call to an upstream failed."""
 
@@ -214,6 +218,7 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.reusable = False
         self.heard = False  # any byte of an answer to the current request
+        self._head_bytes = 0
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._done = False
@@ -235,9 +240,18 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._fail(Disconnected(f"not an HTTP response: {e}"))
-            if self.transport is not None:
-                self.transport.close()
+            self._broken(f"not an HTTP response: {e}")
+            return
+        if not self.status:  # all of it was head: httptools keeps a header line until it ends
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
+                self._broken(f"an answer's status line and headers over {MAX_ANSWER_HEAD_BYTES}"
+                             " bytes")
+
+    def _broken(self, why: str) -> None:
+        self._fail(Disconnected(why))
+        if self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

@@ -221,6 +221,20 @@ def test_a_garbled_answer_is_502(on_loop: OnLoop) -> None:
     on_loop(check)
 
 
+def test_an_answer_whose_head_never_ends_is_502(on_loop: OnLoop) -> None:
+    async def check(proxy: Proxy) -> None:
+        # One header line of 1 MiB, unfinished, on a connection left open: it is cut past
+        # the limit, not kept until the read timeout.
+        proxy.raw.script = lambda seen: (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (1 << 20), False)
+        status, body = await proxy.post(BODY)
+        assert status == 502
+        error = json.loads(body)["error"]
+        assert error["code"] == "upstream_failed"
+        assert str(upstream.MAX_ANSWER_HEAD_BYTES) in error["message"]
+
+    on_loop(check, responseHeaderTimeoutSeconds=600)
+
+
 def test_large_bodies_pass_unchanged_both_ways(
     on_loop: OnLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
