@@ -67,6 +67,16 @@ def head_too_large(limit: int) -> ProxyError:
     )
 
 
+def request_timeout(seconds: float) -> ProxyError:
+    return ProxyError(
+        408,
+        f"The request was not received in time: no headers within {seconds:g} s of its"
+        f" first byte, or no body byte for {seconds:g} s.",
+        type="invalid_request_error",
+        code="request_timeout",
+    )
+
+
 def model_not_found(model: str) -> ProxyError:
     return ProxyError(
         404,
@@ -191,6 +201,9 @@ class _ServerErrors:
 
     def head_too_large(self, limit: int) -> Answer:
         return answer(head_too_large(limit))
+
+    def request_timeout(self, seconds: float) -> Answer:
+        return answer(request_timeout(seconds))
 
     def internal(self) -> Answer:
         return answer(internal())

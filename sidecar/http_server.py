@@ -16,7 +16,9 @@ write the answer whole or streamed. Everything else is the router's business:
   look the same until something is written;
 - a request that asks to upgrade (`Upgrade: h2c`, a websocket) is served in HTTP/1.1,
   the upgrade ignored;
-- a request line and headers over `MAX_HEAD_BYTES` are a 431, read no further;
+- a request line and headers over `MAX_HEAD_BYTES` are a 431, read no further; a head not
+  whole within `read_timeout` of its first byte, or a body that pauses longer, is a 408
+  (a slow client cannot hold a connection for ever);
 - a request with more than one `Host` header, or an HTTP/1.1 one with none, is a 400
   (RFC 9112, 3.2), as nginx and HAProxy answer it;
 - answers of known length go out as one write; streamed ones use chunked transfer
@@ -51,6 +53,11 @@ logger = logging.getLogger(__name__)
 # line); past it the answer is 431 and the connection closes.
 MAX_HEAD_BYTES = 64 * 1024
 KEEPALIVE_SECONDS = 75.0  # aiohttp's default, which clients and proxies have met so far
+# A request's head must come whole within this of its first byte, and its body must not
+# pause longer (nginx's client_header_timeout and client_body_timeout); else 408.
+READ_TIMEOUT_SECONDS = 60.0
+# How long a refused connection reads and drops what its client still sends (`_linger`).
+LINGER_SECONDS = 2.0
 # Pipelined requests waiting for their turn before the server stops reading.
 _MAX_QUEUED = 8
 
@@ -100,6 +107,8 @@ class ErrorAnswers(Protocol):
     def too_large(self, limit: int) -> Answer: ...
 
     def head_too_large(self, limit: int) -> Answer: ...
+
+    def request_timeout(self, seconds: float) -> Answer: ...
 
     def internal(self) -> Answer: ...
 
@@ -274,6 +283,9 @@ class _Connection(asyncio.Protocol):
         # Since when the connection waits for a request (None while one is in): the
         # server's sweep closes it past the keep-alive timeout.
         self.idle_since: float | None = None
+        # Since when the request being read has waited for its client (None between
+        # requests): its first byte while the head is read, then its last body byte.
+        self.reading_since: float | None = None
         self.http11_client = True
         self._in_message = False
         # The request head being read: its number on this connection, and its bytes
@@ -312,6 +324,8 @@ class _Connection(asyncio.Protocol):
         head = self._heads if self._head is not None else -1
         try:
             self._parser.feed_data(data)
+            if self._in_message and self._head is None:  # a body still to come
+                self.reading_since = self._loop.time()
             if self._head is not None and self._heads == head:
                 # The same head, still unfinished, took all of this read. httptools keeps
                 # a header line until it ends, so this is where a head that never ends
@@ -377,6 +391,7 @@ class _Connection(asyncio.Protocol):
         self._heads += 1
         self._head = 0
         self.idle_since = None
+        self.reading_since = self._loop.time()
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -428,6 +443,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        self.reading_since = None
         if self._refused:
             return
         parser = self._parser
@@ -487,6 +503,9 @@ class _Connection(asyncio.Protocol):
         self._task = None
         if self.transport is None:
             return
+        if isinstance(item, Refusal):
+            self._linger()
+            return
         if not reply.keep_alive or self._closing or self._server.stopping:
             self.transport.close()
             return
@@ -497,6 +516,22 @@ class _Connection(asyncio.Protocol):
             self._next()
         elif self._parser_idle():
             self.idle_since = self._loop.time()
+
+    def _linger(self) -> None:
+        """Close after a refusal without losing its answer. A client refused mid-request
+        may still be sending; closing a socket with unread input resets the connection,
+        and the reset can reach the client before it has read the answer. So: the answer,
+        then end of output; input is read and dropped until the client closes, or for
+        `LINGER_SECONDS` at most (nginx's lingering close)."""
+        transport = self.transport
+        assert transport is not None
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            transport.close()
+            return
+        transport.resume_reading()  # into data_received, which drops it (`_deaf`)
+        self._loop.call_later(LINGER_SECONDS, transport.close)
 
     async def write(self, *data: bytes) -> None:
         """`data` to the client, once its socket buffer can take more."""
@@ -549,6 +584,14 @@ class _Connection(asyncio.Protocol):
                 and self._task is None and not self._queue and self.transport is not None):
             self.transport.close()
 
+    def refuse_if_stalled_since(self, deadline: float, timeout: float) -> None:
+        """Answer 408 and close if the request being read has waited for its client since
+        before `deadline` (not while the server itself stopped reading)."""
+        if (self.reading_since is not None and self.reading_since < deadline
+                and not self._deaf and not self._reading_paused):
+            self.reading_since = None
+            self._refuse(self._server.errors.request_timeout(timeout))
+
     @property
     def closing(self) -> bool:
         """Whether this connection closes after the answer being written."""
@@ -568,11 +611,13 @@ class Server:
     """Serves `handler` on one listening socket until `shutdown`."""
 
     def __init__(self, handler: Handler, *, max_body: Callable[[], int], errors: ErrorAnswers,
-                 keepalive_timeout: float = KEEPALIVE_SECONDS) -> None:
+                 keepalive_timeout: float = KEEPALIVE_SECONDS,
+                 read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
         self.handler = handler
         self.errors = errors
         self.max_body = max_body
         self.keepalive_timeout = keepalive_timeout
+        self.read_timeout = read_timeout
         self.connections: set[_Connection] = set()
         self.stopping = False
         self._server: asyncio.Server | None = None
@@ -585,14 +630,17 @@ class Server:
         self._schedule_sweep()
 
     def _schedule_sweep(self) -> None:
-        # One timer for every connection, not one per request: a connection idle past the
-        # timeout closes within a quarter of it more.
-        self._sweep = self.loop.call_later(self.keepalive_timeout / 4, self._sweep_idle)
+        # One timer for every connection, not one per request: a connection idle (or a
+        # request stalled) past its timeout is closed (refused) within a quarter more.
+        period = min(self.keepalive_timeout, self.read_timeout) / 4
+        self._sweep = self.loop.call_later(period, self._sweep_idle)
 
     def _sweep_idle(self) -> None:
-        deadline = self.loop.time() - self.keepalive_timeout
+        now = self.loop.time()
+        idle, stalled = now - self.keepalive_timeout, now - self.read_timeout
         for conn in list(self.connections):
-            conn.close_when_idle_since(deadline)
+            conn.close_when_idle_since(idle)
+            conn.refuse_if_stalled_since(stalled, self.read_timeout)
         self._schedule_sweep()
 
     @property

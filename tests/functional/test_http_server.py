@@ -84,10 +84,11 @@ Check = Callable[[Server, Handlers], Awaitable[None]]
 
 
 @asynccontextmanager
-async def serving(keepalive: float = 75.0) -> AsyncIterator[tuple[Server, Handlers]]:
+async def serving(keepalive: float = 75.0, read_timeout: float = 60.0
+                  ) -> AsyncIterator[tuple[Server, Handlers]]:
     handlers = Handlers()
     server = Server(handlers, max_body=lambda: LIMIT, errors=errors.SERVER_ERRORS,
-                    keepalive_timeout=keepalive)
+                    keepalive_timeout=keepalive, read_timeout=read_timeout)
     await server.start("127.0.0.1", 0)
     try:
         yield server, handlers
@@ -272,6 +273,81 @@ def test_a_head_that_never_ends_is_431_and_read_no_further(
         assert answer.startswith(b"HTTP/1.1 431 ")
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             await sending
+
+    on_loop(check)
+
+
+READ_TIMEOUT = 0.3
+
+
+async def _trickle(writer: asyncio.StreamWriter, pieces: list[bytes], pause: float) -> None:
+    for piece in pieces:
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(pause)  # the pace of a slow client, not a synchronisation
+
+
+@pytest.mark.parametrize(("pieces", "pause"), [
+    # a head that stops coming
+    ([b"GET /echo HTTP/1.1\r\nHost: x\r\n"], 0.0),
+    # a head that comes a byte at a time, past the timeout in all (each byte in time)
+    ([b"GET /echo HTTP/1.1\r\nHost: x\r\n"] + [b"X-Slow: 1\r\n"] * 100, READ_TIMEOUT / 5),
+    # a body that stops coming
+    ([b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf!"], 0.0),
+])
+def test_a_request_that_stalls_is_408_and_closed(
+    on_loop: Callable[..., None], pieces: list[bytes], pause: float
+) -> None:
+    async def check(server: Server, handlers: Handlers) -> None:
+        reader, writer, _ = await raw(server, b"", then_read=False)
+        trickling = asyncio.create_task(_trickle(writer, pieces, pause))
+        got = await reader.read()  # until the server closes the connection
+        trickling.cancel()
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            await trickling
+        [(status, _, body)] = answers(got)
+        assert status == 408
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+
+    on_loop(check, read_timeout=READ_TIMEOUT)
+
+
+def test_a_slow_body_that_keeps_coming_and_a_held_request_are_not_cut(
+    on_loop: Callable[..., None],
+) -> None:
+    async def check(server: Server, handlers: Handlers) -> None:
+        # A body of 20 bytes, one every fifth of the timeout: four timeouts in all.
+        head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n"
+        reader, writer, _ = await raw(server, head, then_read=False)
+        await _trickle(writer, [b"x"] * 20, READ_TIMEOUT / 5)
+        [(status, _, body)] = answers(await reader.readuntil(b'"}'))
+        assert (status, json.loads(body)["size"]) == (200, 20)
+        # A request read whole and waiting for its answer is the handler's business.
+        reader, writer, _ = await raw(
+            server, b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            then_read=False)
+        await handlers.entered.wait()
+        await asyncio.sleep(READ_TIMEOUT * 3)  # an observation window: nothing may happen
+        handlers.release.set()
+        assert answers(await reader.read())[0][0] == 200
+
+    on_loop(check, read_timeout=READ_TIMEOUT)
+
+
+def test_a_refused_client_that_keeps_sending_still_reads_its_answer(
+    on_loop: Callable[..., None],
+) -> None:
+    async def check(server: Server, handlers: Handlers) -> None:
+        body = b"x" * (4 * 1024 * 1024)
+        head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        reader, writer, _ = await raw(server, head, then_read=False)
+        sending = asyncio.create_task(_trickle(writer, [body[i:i + 65536] for i in
+                                                        range(0, len(body), 65536)], 0.0))
+        got = await reader.read()  # raises if the connection is reset before its end
+        await sending  # and all of it could be sent: what came after the answer was read
+        [(status, _, answer)] = answers(got)
+        assert status == 413
+        assert json.loads(answer)["error"]["code"] == "request_too_large"
 
     on_loop(check)
 
