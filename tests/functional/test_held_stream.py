@@ -124,11 +124,10 @@ async def test_a_swap_abandoned_after_the_headers_is_an_error_event(tmp_path: Pa
     assert "shutting down" in raised.value.message
 
 
-async def test_an_upstream_error_after_the_headers_is_an_error_event() -> None:
+async def _error_event_after_hold(answer: web.Response) -> openai.APIError:
+    """What the SDK raises for a held stream whose upstream then answers `answer`."""
     async def refuse(request: web.Request) -> web.Response:
-        return web.json_response(
-            {"error": {"message": "the prompt is too long", "type": "invalid_request_error",
-                       "code": "context_length_exceeded", "param": None}}, status=400)
+        return answer
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", refuse)
@@ -140,25 +139,20 @@ async def test_an_upstream_error_after_the_headers_is_an_error_event() -> None:
         with pytest.raises(openai.APIError) as raised:
             async for _ in stream:
                 pass
-    assert raised.value.message == "the prompt is too long"
+    return raised.value
+
+
+async def test_an_upstream_error_after_the_headers_is_an_error_event() -> None:
+    error = await _error_event_after_hold(web.json_response(
+        {"error": {"message": "the prompt is too long", "type": "invalid_request_error",
+                   "code": "context_length_exceeded", "param": None}}, status=400))
+    assert error.message == "the prompt is too long"
 
 
 async def test_an_upstream_error_too_deep_to_parse_is_still_an_error_event() -> None:
-    async def refuse(request: web.Request) -> web.Response:
-        return web.Response(body=b"[" * 1_500 + b"]" * 1_500, status=502,
-                            content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", refuse)
-    async with serve_app(app) as upstream, router_to(upstream) as (url, activation), \
-            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
-        stream = await sdk.chat.completions.create(model="coder", messages=CHAT, stream=True)
-        await until(lambda: activation.progress_asked >= 1)
-        activation.release()
-        with pytest.raises(openai.APIError) as raised:
-            async for _ in stream:
-                pass
-    assert raised.value.message.startswith("The backend answered 502: [[[")
+    error = await _error_event_after_hold(web.Response(
+        body=b"[" * 1_500 + b"]" * 1_500, status=502, content_type="application/json"))
+    assert error.message.startswith("The backend answered 502: [[[")
 
 
 async def test_progress_as_content_is_what_a_chat_ui_shows(tmp_path: Path) -> None:
