@@ -287,9 +287,10 @@ def fake_member(
     tokens_per_second: float = 50.0,
     env: Mapping[str, str] | None = None,
     image: str = FAKE_MODEL_IMAGE,
+    gpu: int = 1,
 ) -> Json:
     """A ModelServer served by the fake model server in llama.cpp mode, its model named
-    `name` by `--alias` (as llama-server names it)."""
+    `name` by `--alias` (as llama-server names it); `gpu=0` for one that runs on CPU."""
     variables = {
         "FAKE_MODEL_LOAD_TIME": str(load_time),
         "FAKE_MODEL_TOKENS_PER_SECOND": str(tokens_per_second),
@@ -305,7 +306,7 @@ def fake_member(
             "model": f"/models/{name}.gguf",
             "args": ["--mode", "llamacpp", "--alias", name],
             "env": [{"name": k, "value": v} for k, v in variables.items()],
-            "resources": {"gpu": 1},
+            "resources": {"gpu": gpu},
         },
     }
 
