@@ -294,11 +294,12 @@ def test_a_backend_falls_through_to_a_member_that_is_loaded_instead_of_waiting(
     kubectl: Kubectl, namespace: str, installed: Installation
 ) -> None:
     """Fallback through the router on real pods: `small` is a ModelServer of its own (no
-    pool, on CPU: the local testbed's node has one GPU) that answers for the pool's members. With activation Never a request for b goes
-    to small at once and no swap is asked for. With IfIdle a request is held through its
-    member's swap while the resident is idle, and goes to small while the resident streams
-    (the swap could not start at once). The client's model reaches the fallback unchanged,
-    and the response says who answered."""
+    pool, on CPU: the local testbed's node has one GPU) that answers for the pool's
+    members. With activation Never a request for b goes to small at once and no swap is
+    asked for. With IfIdle a request is held through its member's swap while the resident
+    is idle, and goes to small while the resident streams (the swap could not start at
+    once). The client's model reaches the fallback unchanged, and the response says who
+    answered."""
     harness.apply(
         kubectl, namespace,
         harness.fake_member("a", load_time=1.0, tokens_per_second=20),
