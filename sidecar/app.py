@@ -297,7 +297,7 @@ def parse_json(body: bytes) -> Any:
     try:
         text = body.decode()
         value, end = _scan_value(text, 0)
-    except (UnicodeDecodeError, StopIteration, ValueError):
+    except (StopIteration, ValueError):  # UnicodeDecodeError is a ValueError
         return json.loads(body)
     if end != len(text):
         return json.loads(body)

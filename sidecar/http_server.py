@@ -284,7 +284,8 @@ class _Connection(asyncio.Protocol):
         # server's sweep closes it past the keep-alive timeout.
         self.idle_since: float | None = None
         # Since when the request being read has waited for its client (None between
-        # requests): its first byte while the head is read, then its last body byte.
+        # requests, and for one read whole in one read): the read that began its head
+        # while the head is read, then its body's last read.
         self.reading_since: float | None = None
         self.http11_client = True
         self._in_message = False
@@ -324,7 +325,9 @@ class _Connection(asyncio.Protocol):
         head = self._heads if self._head is not None else -1
         try:
             self._parser.feed_data(data)
-            if self._in_message and self._head is None:  # a body still to come
+            if self._in_message and (self._head is None or self.reading_since is None):
+                # A request still to come whole: its head's first read, or its body's last.
+                # (A request read whole in one read, the usual case, needs no clock.)
                 self.reading_since = self._loop.time()
             if self._head is not None and self._heads == head:
                 # The same head, still unfinished, took all of this read. httptools keeps
@@ -391,7 +394,6 @@ class _Connection(asyncio.Protocol):
         self._heads += 1
         self._head = 0
         self.idle_since = None
-        self.reading_since = self._loop.time()
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -589,7 +591,6 @@ class _Connection(asyncio.Protocol):
         before `deadline` (not while the server itself stopped reading)."""
         if (self.reading_since is not None and self.reading_since < deadline
                 and not self._deaf and not self._reading_paused):
-            self.reading_since = None
             self._refuse(self._server.errors.request_timeout(timeout))
 
     @property
