@@ -742,7 +742,9 @@ async def forward(
     `reply`.
 
     Errors before the answer starts are `UpstreamError`s and propagate (the caller
-    translates them into an error answer); after it has started they end the relay.
+    translates them into an error answer); after it has started they end the relay. A
+    body of known length up to `WHOLE_REPLY_BYTES` goes out with its head once it is all
+    in, so a break before then is still an error before the answer.
     A `reply` already started (a held stream, `held_stream`) is continued by the
     upstream's events, and an upstream error status becomes its last event.
     """
@@ -788,9 +790,7 @@ async def forward(
             out_headers += b"X-Modelpool-Backend: %s\r\n" % answered_by.encode()
         if length is not None and length <= WHOLE_REPLY_BYTES:
             # A body of known length is one whole answer: its head goes out with it.
-            whole = await _whole_or_broken(request, reply, conn, read_timeout, on_first_chunk)
-            if isinstance(whole, Relay):
-                return whole
+            whole = await _whole_body(conn, read_timeout, on_first_chunk)
             try:
                 await reply.send(conn.status, body=whole, reason=conn.reason or None,
                                  lines=out_headers)
@@ -830,19 +830,20 @@ def _target(request: Request) -> bytes:
 WHOLE_REPLY_BYTES = 64 * 1024
 
 
-async def _whole_or_broken(
-    request: Request,
-    reply: Reply,
-    conn: _Connection,
-    read_timeout: float,
-    on_first_chunk: Callable[[], None],
-) -> bytes | Relay:
-    """The whole body (its first byte counted), or how the relay ended if the upstream
-    broke before it was all in."""
+async def _whole_body(
+    conn: _Connection, read_timeout: float, on_first_chunk: Callable[[], None]
+) -> bytes:
+    """The whole body (its first byte counted). Nothing of it has gone to the client, so
+    a break before it is all in is an error like one before the head: the client is
+    answered 502 or 504 rather than left with a closed connection."""
     try:
         whole = conn.take_whole() if conn.complete else await conn.whole(read_timeout)
-    except (Disconnected, ReadTimedOut) as e:
-        return _broken(request, reply, e)
+    except Disconnected as e:
+        raise Disconnected(f"the {conn.status} answer broke off before its body was whole: "
+                           f"{e}") from e
+    except ReadTimedOut as e:
+        raise ReadTimedOut(f"the {conn.status} answer stalled before its body was whole: "
+                           f"{e}") from e
     on_first_chunk()
     return whole
 
@@ -858,9 +859,7 @@ async def _relay_into(
     come, or its error status as one OpenAI-shaped error event."""
     if conn.status == 200:
         return await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
-    whole = await _whole_or_broken(request, reply, conn, read_timeout, on_first_chunk)
-    if isinstance(whole, Relay):
-        return whole
+    whole = await _whole_body(conn, read_timeout, on_first_chunk)
     try:
         body = json.loads(whole)
     except (ValueError, RecursionError):  # not JSON, or nested too deeply to read

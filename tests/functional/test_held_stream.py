@@ -155,6 +155,27 @@ async def test_an_upstream_error_too_deep_to_parse_is_still_an_error_event() -> 
     assert error.message.startswith("The backend answered 502: [[[")
 
 
+async def test_an_upstream_error_that_breaks_off_is_still_an_error_event() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 100\r\n\r\n{\"error\"")
+        writer.close()  # 10 of the 100 bytes its head promised
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, router_to(f"http://127.0.0.1:{port}") as (url, activation), \
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+        stream = await sdk.chat.completions.create(model="coder", messages=CHAT, stream=True)
+        await until(lambda: activation.progress_asked >= 1)
+        activation.release()
+        with pytest.raises(openai.APIError) as raised:
+            async for _ in stream:
+                pass
+    assert "400 answer broke off before its body was whole" in raised.value.message
+
+
 async def test_progress_as_content_is_what_a_chat_ui_shows(tmp_path: Path) -> None:
     async with fake_model(tmp_path) as upstream, \
             router_to(upstream, heldStreamProgress="content") as (url, activation), \

@@ -235,6 +235,36 @@ def test_an_answer_whose_head_never_ends_is_502(on_loop: OnLoop) -> None:
     on_loop(check, responseHeaderTimeoutSeconds=600)
 
 
+def test_an_answer_that_breaks_off_before_its_body_is_whole_is_502(on_loop: OnLoop) -> None:
+    async def check(proxy: Proxy) -> None:
+        # A head that promises 100 bytes, 9 of them, then the connection closes. Nothing
+        # has gone to the client, so it is answered, not left with a closed connection.
+        proxy.raw.script = lambda seen: (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"id\": 1,", True)
+        status, body = await proxy.post(BODY)
+        assert status == 502
+        error = json.loads(body)["error"]
+        assert error["code"] == "upstream_failed"
+        assert "200 answer broke off before its body was whole" in error["message"]
+        assert proxy.errors("disconnect") == 1
+        proxy.raw.script = lambda seen: (reply(), False)
+        assert await proxy.post(BODY) == (200, OK)
+
+    on_loop(check)
+
+
+def test_an_answer_that_stalls_before_its_body_is_whole_is_504(on_loop: OnLoop) -> None:
+    async def check(proxy: Proxy) -> None:
+        proxy.raw.script = lambda seen: (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"id\": 1,", False)
+        status, body = await proxy.post(BODY)
+        assert status == 504
+        assert json.loads(body)["error"]["code"] == "upstream_timeout"
+        assert proxy.errors("timeout") == 1
+
+    on_loop(check, responseHeaderTimeoutSeconds=0.3)
+
+
 def test_large_bodies_pass_unchanged_both_ways(
     on_loop: OnLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
