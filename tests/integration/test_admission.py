@@ -18,6 +18,7 @@ from e2e.harness import wait_established
 from e2e.local.controlplane import LocalCluster
 from e2e.local.fixtures import Kubectl
 from reconciler.render import Renderer
+from reconciler.spec import ModelRouterSpec, ModelServerSpec
 from tests.unit.test_render_cases import CHAT, EMBED, GEMMA, POOL, QWEN, SERVERS
 
 pytestmark = pytest.mark.integration
@@ -105,6 +106,11 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ),
         ("spec.reclaimAfter", "spec.default and spec.reclaimAfter are required"),
     ),
+    (
+        "pool-member-not-a-server-name",
+        _obj("ModelPool", "p", {"members": [{"name": "a"}, {"name": "B"}]}),
+        ("spec.members[1].name", "should match"),
+    ),
     # ModelPool: schema
     ("pool-no-members", _obj("ModelPool", "p", {"members": []}), ("spec.members", "at least 1")),
     (
@@ -187,6 +193,100 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         "server-args-wrong-type",
         _obj("ModelServer", "s", {**_SERVER, "args": "--ctx-size 4096"}),
         ("spec.args", "must be of type array"),
+    ),
+    (
+        "server-toleration-without-key-not-exists",
+        _obj("ModelServer", "s", {**_SERVER, "tolerations": [{"operator": "Equal", "value": "x"}]}),
+        ("spec.tolerations[0]", "without a key must have operator Exists"),
+    ),
+    (
+        "server-toleration-exists-with-value",
+        _obj("ModelServer", "s", {**_SERVER, "tolerations": [
+            {"key": "gpu", "operator": "Exists", "value": "yes"}]}),
+        ("spec.tolerations[0]", "with operator Exists must have no value"),
+    ),
+    (
+        "server-toleration-seconds-without-no-execute",
+        _obj("ModelServer", "s", {**_SERVER, "tolerations": [
+            {"key": "gpu", "operator": "Exists", "tolerationSeconds": 30}]}),
+        ("spec.tolerations[0]", "with tolerationSeconds must have effect NoExecute"),
+    ),
+    (
+        "server-toleration-key-not-a-label-key",
+        _obj("ModelServer", "s", {**_SERVER, "tolerations": [
+            {"key": "a b", "operator": "Exists"}]}),
+        ("spec.tolerations[0].key", "should match"),
+    ),
+    (
+        "server-node-selector-key-not-a-label-key",
+        _obj("ModelServer", "s", {**_SERVER, "nodeSelector": {"gpu type": "a100"}}),
+        ("spec.nodeSelector", "keys must be label keys"),
+    ),
+    (
+        "server-node-selector-value-not-a-label-value",
+        _obj("ModelServer", "s", {**_SERVER, "nodeSelector": {"gpu": "/dev/nvidia0"}}),
+        ("spec.nodeSelector.gpu", "should match"),
+    ),
+    (
+        "server-env-value-from-names-no-source",
+        _obj("ModelServer", "s", {**_SERVER, "env": [{"name": "TOKEN", "valueFrom": {}}]}),
+        ("spec.env[0].valueFrom", "exactly one of fieldRef"),
+    ),
+    (
+        "server-env-value-and-value-from",
+        _obj("ModelServer", "s", {**_SERVER, "env": [{"name": "POD", "value": "x", "valueFrom": {
+            "fieldRef": {"fieldPath": "metadata.name"}}}]}),
+        ("spec.env[0]", "value or valueFrom, not both"),
+    ),
+    (
+        "server-env-field-path-not-offered",
+        _obj("ModelServer", "s", {**_SERVER, "env": [{"name": "IMAGE", "valueFrom": {
+            "fieldRef": {"fieldPath": "spec.containers[0].image"}}}]}),
+        ("spec.env[0].valueFrom.fieldRef.fieldPath", "should match"),
+    ),
+    (
+        "server-env-secret-without-key",
+        _obj("ModelServer", "s", {**_SERVER, "env": [{"name": "TOKEN", "valueFrom": {
+            "secretKeyRef": {"name": "hf"}}}]}),
+        ("spec.env[0].valueFrom.secretKeyRef.key", "Required value"),
+    ),
+    (
+        "server-env-name-with-equals",
+        _obj("ModelServer", "s", {**_SERVER, "env": [{"name": "A=B", "value": "1"}]}),
+        ("spec.env[0].name", "should match"),
+    ),
+    (
+        "server-pvc-not-a-name",
+        _obj("ModelServer", "s", {**_SERVER, "storage": {"pvc": "weights/gemma"}}),
+        ("spec.storage.pvc", "should match"),
+    ),
+    # ModelRouter
+    (
+        "router-proxy-toleration-without-key-not-exists",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"tolerations": [{"value": "x"}]}}),
+        ("spec.proxy.tolerations[0]", "without a key must have operator Exists"),
+    ),
+    (
+        "router-proxy-node-selector-key-not-a-label-key",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"nodeSelector": {"/x": "y"}}}),
+        ("spec.proxy.nodeSelector", "keys must be label keys"),
+    ),
+    (
+        "router-server-ref-not-a-server-name",
+        _obj("ModelRouter", "r", {"backends": [
+            {"name": "a", "modelServerRef": {"name": "Gemma"}}]}),
+        ("spec.backends[0].modelServerRef.name", "should match"),
+    ),
+    (
+        "router-api-key-secret-not-a-name",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"apiKeySecret": {"name": "a/b"}}}),
+        ("spec.proxy.apiKeySecret.name", "should match"),
+    ),
+    (
+        "router-api-key-secret-key-not-a-key",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {
+            "apiKeySecret": {"name": "keys", "key": "a b"}}}),
+        ("spec.proxy.apiKeySecret.key", "should match"),
     ),
     # ModelRouter
     (
@@ -452,6 +552,67 @@ def test_rendered_objects_are_accepted(crds: None, kubectl: Kubectl, namespace: 
     text = yaml.safe_dump_all([_in_namespace(o, namespace) for o in objects])
     result = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=text)
     assert result.stdout.count("(server dry run)") == len(objects), result.stdout
+
+
+# Every toleration, node selector and env shape the Pod API accepts: what the schemas above
+# refuse must not reach past these.
+_TOLERATIONS = [
+    {"operator": "Exists"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "PreferNoSchedule"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+     "tolerationSeconds": 30},
+    {"key": "zone", "value": ""},
+]
+_NODE_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "pool": "", "gpu": "true"}
+
+
+def test_the_widest_valid_specs_are_admitted_and_render_accepted_objects(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    server = _obj("ModelServer", "wide", {
+        **_SERVER,
+        "tolerations": _TOLERATIONS,
+        "nodeSelector": _NODE_SELECTOR,
+        "storage": {"pvc": "weights.gemma-3"},
+        "env": [
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "my.setting-1", "value": ""},
+            {"name": "POD", "value": "", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "TEAM", "valueFrom": {
+                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.labels['team']"}}},
+            {"name": "MEM", "valueFrom": {
+                "resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+            {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "a.b_c"}}},
+            {"name": "TOKEN", "valueFrom": {
+                "secretKeyRef": {"name": "hf", "key": "token", "optional": True}}},
+        ],
+    })
+    router = _obj("ModelRouter", "wide", {
+        "backends": [{"name": "wide", "modelServerRef": {"name": "wide"}}],
+        "proxy": {"tolerations": _TOLERATIONS, "nodeSelector": _NODE_SELECTOR,
+                  "apiKeySecret": {"name": "router-keys", "key": "keys.txt"}},
+    })
+    admitted = []
+    for manifest in (server, router):
+        result = kubectl("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-",
+                         input=json.dumps(manifest))
+        admitted.append(json.loads(result.stdout))
+    ms = ModelServerSpec.from_body(admitted[0])
+    renderer = Renderer()
+    objects = [
+        *renderer.model_server(ms, replicas=1, owner_uid=None),
+        *renderer.router(ModelRouterSpec.from_body(admitted[1]), servers={"wide": ms}, pools=[],
+                         owner_uid=None),
+    ]
+    text = yaml.safe_dump_all([_in_namespace(o, namespace) for o in objects])
+    result = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=text)
+    assert result.stdout.count("(server dry run)") == len(objects), result.stdout
+    (deployment,) = [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "wide"
+    ]
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {e["name"] for e in env} >= {"POD", "TEAM", "MEM", "CFG", "TOKEN"}
 
 
 def _pod(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:
