@@ -260,6 +260,26 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         _obj("ModelServer", "s", {**_SERVER, "storage": {"pvc": "weights/gemma"}}),
         ("spec.storage.pvc", "should match"),
     ),
+    (
+        "server-cpu-negative",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"cpu": "-500m"}}),
+        ("spec.resources.cpu", "should match"),
+    ),
+    (
+        "server-memory-negative",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"memory": -1}}),
+        ("spec.resources.memory", "greater than or equal to 0"),
+    ),
+    (
+        "server-gpu-resource-not-an-extended-resource",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"gpuResource": "gpu"}}),
+        ("spec.resources.gpuResource", "should match"),
+    ),
+    (
+        "server-gpu-resource-in-the-kubernetes-domain",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"gpuResource": "kubernetes.io/gpu"}}),
+        ("spec.resources.gpuResource", "outside the kubernetes.io domain"),
+    ),
     # ModelRouter
     (
         "router-proxy-toleration-without-key-not-exists",
@@ -270,6 +290,24 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         "router-proxy-node-selector-key-not-a-label-key",
         _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"nodeSelector": {"/x": "y"}}}),
         ("spec.proxy.nodeSelector", "keys must be label keys"),
+    ),
+    (
+        "router-proxy-resource-not-the-routers",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}}),
+        ("spec.proxy.resources.limits", "takes cpu, memory and ephemeral-storage"),
+    ),
+    (
+        "router-proxy-requests-over-limits",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {
+            "resources": {"requests": {"cpu": 2}, "limits": {"cpu": "1500m"}}}}),
+        ("spec.proxy.resources", "requests must not exceed"),
+    ),
+    (
+        "router-proxy-limit-negative",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {
+            "resources": {"limits": {"memory": "-64Mi"}}}}),
+        ("spec.proxy.resources.limits.memory", "should match"),
     ),
     (
         "router-server-ref-not-a-server-name",
@@ -575,6 +613,8 @@ def test_the_widest_valid_specs_are_admitted_and_render_accepted_objects(
         "tolerations": _TOLERATIONS,
         "nodeSelector": _NODE_SELECTOR,
         "storage": {"pvc": "weights.gemma-3"},
+        "resources": {"gpu": 1, "gpuResource": "example.com/tpu-v5", "cpu": "500m",
+                      "memory": "1e9"},
         "env": [
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "my.setting-1", "value": ""},
@@ -591,7 +631,10 @@ def test_the_widest_valid_specs_are_admitted_and_render_accepted_objects(
     router = _obj("ModelRouter", "wide", {
         "backends": [{"name": "wide", "modelServerRef": {"name": "wide"}}],
         "proxy": {"tolerations": _TOLERATIONS, "nodeSelector": _NODE_SELECTOR,
-                  "apiKeySecret": {"name": "router-keys", "key": "keys.txt"}},
+                  "apiKeySecret": {"name": "router-keys", "key": "keys.txt"},
+                  "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                "limits": {"cpu": 1, "memory": "+128Mi",
+                                           "ephemeral-storage": "1Gi"}}},
     })
     admitted = []
     for manifest in (server, router):
