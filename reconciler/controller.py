@@ -160,7 +160,7 @@ class Controller:
         self.servers = k.Informer(kube, k.MODEL_SERVERS, ns, self._on_server)
         self.pools = k.Informer(kube, k.MODEL_POOLS, ns, self._on_pool)
         self.routers = k.Informer(kube, k.MODEL_ROUTERS, ns, self._on_router)
-        self.deployments = k.Informer(kube, k.DEPLOYMENTS, ns, self._on_owned, MANAGED)
+        self.deployments = k.Informer(kube, k.DEPLOYMENTS, ns, self._on_deployment, MANAGED)
         self.services = k.Informer(kube, k.SERVICES, ns, self._on_owned, MANAGED)
         self.config_maps = k.Informer(kube, k.CONFIG_MAPS, ns, self._on_owned, MANAGED)
         # A router's identity and RBAC: cached like the rest, so a router reconciled
@@ -297,6 +297,15 @@ class Controller:
             self._add(SERVER, ns, labels[LABEL_SERVER])
         if labels.get(LABEL_ROUTER):
             self._add(ROUTER, ns, labels[LABEL_ROUTER])
+
+    def _on_deployment(self, type_: str, obj: dict[str, Any]) -> None:
+        # A member's ReplicaFailure condition tells its pool why the member has no pod.
+        server = _labels(obj).get(LABEL_SERVER)
+        if server:
+            ns, _ = k.key_of(obj)
+            for pool in self._pools_of(ns, server):
+                self._add(POOL, ns, pool)
+        self._on_owned(type_, obj)
 
     def _on_pod(self, _type: str, obj: dict[str, Any]) -> None:
         ns, _ = k.key_of(obj)
@@ -659,8 +668,14 @@ class Controller:
             refused = scheduling.refusal(pod)
             if refused is not None and member not in unschedulable:
                 unschedulable[member] = self._unschedulable(namespace, member, refused)
+        not_created: dict[str, str] = {}
+        for member in members:
+            failure = scheduling.creation_failure(self.deployments.get(namespace, member) or {})
+            if failure is not None and not pods.get(member):
+                not_created[member] = f"{member} cannot be created: {failure}"
         return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready,
-                            unschedulable=unschedulable, terminating=terminating)
+                            unschedulable=unschedulable, terminating=terminating,
+                            not_created=not_created)
 
     def _unschedulable(self, namespace: str, member: str, message: str) -> str:
         """The scheduler's refusal, naming the pods in view that hold the GPU it lacks."""

@@ -150,6 +150,9 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
         # (what `kubectl get` and GitOps tools show) and in Reconciling.
         reconciling = (s.UNSCHEDULABLE, swap.unschedulable)
         ready = (False, s.UNSCHEDULABLE, swap.unschedulable)
+    elif swap is not None and swap.not_created is not None:
+        reconciling = (s.FAILED_CREATE, swap.not_created)
+        ready = (False, s.FAILED_CREATE, swap.not_created)
     elif swap is not None:
         reconciling = ("Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
     problem = state.problem

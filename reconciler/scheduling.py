@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 UNSCHEDULABLE = "Unschedulable"  # the scheduler's reason, and the pool's
+FAILED_CREATE = "FailedCreate"  # the ReplicaSet controller's reason, and the pool's
 
 
 def refusal(pod: Mapping[str, Any]) -> str | None:
@@ -24,6 +25,16 @@ def refusal(pod: Mapping[str, Any]) -> str | None:
         refused = c.get("status") == "False" and c.get("reason") == UNSCHEDULABLE
         if c.get("type") == "PodScheduled" and refused:
             return str(c.get("message") or "no node fits")
+    return None
+
+
+def creation_failure(deployment: Mapping[str, Any]) -> str | None:
+    """Why a Deployment's pods cannot be created (admission refused them: Pod Security, a
+    quota, a missing ServiceAccount), as its `ReplicaFailure` condition says, else None.
+    With no pod there is nothing for the scheduler to refuse, so this is the only trace."""
+    for c in (deployment.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return str(c.get("message") or c.get("reason") or FAILED_CREATE)
     return None
 
 

@@ -76,6 +76,7 @@ IDLE_PROBE_UNSUPPORTED = "IdleProbeUnsupported"
 SWAP_BUDGET_EXCEEDED = "SwapBudgetExceeded"
 NOT_A_MEMBER = "NotAMember"
 UNSCHEDULABLE = "Unschedulable"
+FAILED_CREATE = "FailedCreate"
 IDLE_UNLOADED = "IdleUnloaded"
 IDLE_UNLOAD_UNSUPPORTED = "IdleUnloadUnsupported"
 # The longest wait between two activity probes of the resident (idleUnloadAfter).
@@ -164,6 +165,8 @@ class Swap:
     # While Loading: why the scheduler will not place the target (its message, and what
     # holds the resource); None once it is placed or before it was refused.
     unschedulable: str | None = None
+    # While Loading: why the target's pod cannot be created at all; None once it exists.
+    not_created: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,8 @@ class MemberPods:
     ready: Mapping[str, int] = field(default_factory=dict)
     unschedulable: Mapping[str, str] = field(default_factory=dict)
     terminating: Mapping[str, int] = field(default_factory=dict)
+    # For a member with no pod: why its pods cannot be created (admission refused them).
+    not_created: Mapping[str, str] = field(default_factory=dict)
 
     def count(self, member: str) -> int:
         return self.pods.get(member, 0)
@@ -731,6 +736,12 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
             actions.append(EmitEvent("Warning", UNSCHEDULABLE, refused))
         swap = replace(swap, unschedulable=refused)
         state = replace(state, swap=swap)
+    failed = observed.not_created.get(swap.to) if observed.count(swap.to) == 0 else None
+    if failed != swap.not_created:
+        if failed is not None and swap.not_created is None:
+            actions.append(EmitEvent("Warning", FAILED_CREATE, failed))
+        swap = replace(swap, not_created=failed)
+        state = replace(state, swap=swap)
     if observed.ready.get(swap.to, 0) < 1:
         return state, actions
     loaded_from = swap.scheduled_at if swap.scheduled_at is not None else swap.phase_started
@@ -770,6 +781,9 @@ def _abandon(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     elif swap.unschedulable is not None:
         message = (f"{swap.to} not Ready within swapBudget {budget:g}s "
                    f"({UNSCHEDULABLE}: {swap.unschedulable})")
+    elif swap.not_created is not None:
+        message = (f"{swap.to} not Ready within swapBudget {budget:g}s "
+                   f"({FAILED_CREATE}: {swap.not_created})")
     else:
         message = f"{swap.to} not Ready within swapBudget {budget:g}s"
     return _end(state, now, Outcome.ABANDONED, SWAP_BUDGET_EXCEEDED, message)

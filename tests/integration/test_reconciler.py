@@ -835,6 +835,40 @@ async def test_a_member_the_scheduler_will_not_place_is_reported_with_who_holds_
     assert resident is not None and resident["reason"] == "Resident"
 
 
+async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """A member whose weights are a hostPath, in a namespace that enforces the
+    `restricted` Pod Security level: its ReplicaSet cannot create its pod, so there is no
+    pod to say why. The pool says it (condition and Event, in the API server's words)
+    instead of waiting silently, and loads once the namespace allows the pod."""
+    kubectl("label", "namespace", namespace, "--overwrite",
+            "pod-security.kubernetes.io/enforce=restricted")
+    member = server("a")
+    member["spec"]["storage"] = {"hostPath": "/var/lib/modelpool/models"}
+    apply(kubectl, namespace, member, pool(["a"], default="a", budget="300s"))
+
+    async def refused() -> Json | None:
+        ready = condition(await reconciler.pool(), "Ready")
+        return ready if ready is not None and ready["reason"] == "FailedCreate" else None
+
+    ready = await eventually(refused, "the pool to say its member's pods cannot be created")
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("a cannot be created: "), ready
+    assert 'violates PodSecurity "restricted' in ready["message"], ready
+    assert "hostPath" in ready["message"], ready
+    reconciling = condition(await reconciler.pool(), "Reconciling")
+    assert reconciling is not None and reconciling["status"] == "True"
+    assert reconciling["reason"] == "FailedCreate"
+    await event_seen(kubectl, namespace, "slot", "FailedCreate")
+
+    kubectl("label", "namespace", namespace, "--overwrite",
+            "pod-security.kubernetes.io/enforce=privileged")
+    body = await ready_with(reconciler, "a")
+    resident = condition(body, "Ready")
+    assert resident is not None and resident["reason"] == "Resident"
+
+
 async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_gone(
     reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
 ) -> None:

@@ -462,6 +462,37 @@ def test_a_swap_abandoned_while_unschedulable_says_why() -> None:
     assert state.last_swap.message == f"a not Ready within swapBudget 100s (Unschedulable: {why})"
 
 
+def not_created(member: str, why: str) -> MemberPods:
+    """No pod of `member`: admission refused the ones its ReplicaSet tried to create."""
+    return MemberPods(not_created={member: why})
+
+
+def test_a_target_whose_pods_cannot_be_created_is_reported_once_and_cleared_when_one_is() -> None:
+    why = 'a cannot be created: pods "a-1" is forbidden: exceeded quota: no-pods'
+    state, _ = s.step(PoolState(config=CONFIG), MembersObserved(pods()), 0.0)
+    state, actions = s.step(state, MembersObserved(not_created("a", why)), 1.0)
+    assert kinds(actions, EmitEvent) == [EmitEvent("Warning", s.FAILED_CREATE, why)]
+    assert state.swap is not None and state.swap.not_created == why
+    state, actions = s.step(state, MembersObserved(not_created("a", why)), 2.0)
+    assert kinds(actions, EmitEvent) == []
+    # A pod at last (the condition may linger a moment): the failure is over.
+    lingering = MemberPods(pods={"a": 1}, not_created={"a": why})
+    state, actions = s.step(state, MembersObserved(lingering), 3.0)
+    assert state.swap is not None and state.swap.not_created is None
+    assert kinds(actions, EmitEvent) == []
+    state, _ = s.step(state, MembersObserved(pods(a=1)), 4.0)
+    assert state.resident == "a" and state.swap is None
+
+
+def test_a_swap_abandoned_while_its_pods_cannot_be_created_says_why() -> None:
+    why = 'a cannot be created: pods "a-1" is forbidden: exceeded quota: no-pods'
+    state, _ = run(PoolState(config=CONFIG), [(0.0, MembersObserved(pods())),
+                                              (1.0, MembersObserved(not_created("a", why)))])
+    state, _ = s.step(state, Tick(), 100.0)
+    assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
+    assert state.last_swap.message == f"a not Ready within swapBudget 100s (FailedCreate: {why})"
+
+
 def test_an_abandoned_swap_scales_its_target_down_in_a_pool_without_a_default() -> None:
     """Nothing else would: with no default to load, no later unload touches the target."""
     config = replace(CONFIG, default=None)

@@ -106,6 +106,18 @@ def test_a_new_pool_waiting_for_its_members_is_in_progress_not_stalled() -> None
     assert conditions["Stalled"] == ("True", "MemberNotFound")
 
 
+def test_a_target_whose_pods_cannot_be_created_shows_in_ready_and_reconciling() -> None:
+    why = 'a cannot be created: pods "a-1" is forbidden: exceeded quota: no-pods'
+    state, _ = s.step(s.PoolState(config=CONFIG), s.MembersObserved(s.MemberPods()), T0)
+    state, _ = s.step(state, s.MembersObserved(s.MemberPods(not_created={"a": why})), T0 + 1)
+    conditions = {c["type"]: c for c in ps.pool_status(state, None, T0 + 1)["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"],
+            conditions["Ready"]["message"]) == ("False", "FailedCreate", why)
+    assert (conditions["Reconciling"]["status"], conditions["Reconciling"]["reason"],
+            conditions["Reconciling"]["message"]) == ("True", "FailedCreate", why)
+    assert conditions["Stalled"]["status"] == "False"
+
+
 def test_a_target_the_scheduler_refuses_shows_in_ready_and_reconciling() -> None:
     why = "a cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
     state, _ = s.step(s.PoolState(config=CONFIG), s.MembersObserved(s.MemberPods()), T0)
