@@ -531,6 +531,11 @@ class Controller:
         else:
             ready_c = (False, phase, f"{ready}/{replicas} pods Ready")
             reconciling = (phase, f"{ready}/{replicas} pods Ready")
+            failure = None if active else scheduling.creation_failure(
+                self.deployments.get(namespace, name) or {})
+            if failure is not None:  # no pod to show why: its Deployment says
+                ready_c = (False, scheduling.FAILED_CREATE, f"{name} cannot be created: {failure}")
+                reconciling = (scheduling.FAILED_CREATE, ready_c[2])
         if stalled is not None:
             await self._warn_once(body, logger, stalled)
         owned = {

@@ -26,7 +26,15 @@ from prometheus_client import CollectorRegistry
 
 from e2e.harness import wait_established
 from reconciler.__main__ import run
-from reconciler.kube import MODEL_POOLS, MODEL_ROUTERS, PODS, Conflict, Kube, request_cas_ops
+from reconciler.kube import (
+    MODEL_POOLS,
+    MODEL_ROUTERS,
+    MODEL_SERVERS,
+    PODS,
+    Conflict,
+    Kube,
+    request_cas_ops,
+)
 from reconciler.settings import Settings, SwapSettings
 
 pytestmark = pytest.mark.integration
@@ -71,7 +79,8 @@ class Running:
         return value or 0.0
 
     async def get(self, plural: str, name: str) -> Json:
-        resource = {"modelpools": MODEL_POOLS, "modelrouters": MODEL_ROUTERS}.get(plural)
+        resource = {"modelpools": MODEL_POOLS, "modelrouters": MODEL_ROUTERS,
+                    "modelservers": MODEL_SERVERS}.get(plural)
         if resource is not None:
             return await self.kube.request("GET", resource, self.namespace, name)
         raise KeyError(plural)
@@ -861,6 +870,14 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
     assert reconciling is not None and reconciling["status"] == "True"
     assert reconciling["reason"] == "FailedCreate"
     await event_seen(kubectl, namespace, "slot", "FailedCreate")
+
+    async def server_refused() -> Json | None:
+        body = await reconciler.get("modelservers", "a")
+        ready = condition(body, "Ready")
+        return ready if ready is not None and ready["reason"] == "FailedCreate" else None
+
+    said = await eventually(server_refused, "the ModelServer to say its pods cannot be created")
+    assert said["message"] == ready["message"], (said, ready)
 
     kubectl("label", "namespace", namespace, "--overwrite",
             "pod-security.kubernetes.io/enforce=privileged")
