@@ -131,7 +131,13 @@ async def _error_event_after_hold(answer: web.Response) -> openai.APIError:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", refuse)
-    async with serve_app(app) as upstream, router_to(upstream) as (url, activation), \
+    async with serve_app(app) as upstream:
+        return await _error_event_from(upstream)
+
+
+async def _error_event_from(upstream: str) -> openai.APIError:
+    """What the SDK raises for a held stream, released to the upstream at `upstream`."""
+    async with router_to(upstream) as (url, activation), \
             openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
         stream = await sdk.chat.completions.create(model="coder", messages=CHAT, stream=True)
         await until(lambda: activation.progress_asked >= 1)
@@ -164,16 +170,9 @@ async def test_an_upstream_error_that_breaks_off_is_still_an_error_event() -> No
         writer.close()  # 10 of the 100 bytes its head promised
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server, router_to(f"http://127.0.0.1:{port}") as (url, activation), \
-            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
-        stream = await sdk.chat.completions.create(model="coder", messages=CHAT, stream=True)
-        await until(lambda: activation.progress_asked >= 1)
-        activation.release()
-        with pytest.raises(openai.APIError) as raised:
-            async for _ in stream:
-                pass
-    assert "400 answer broke off before its body was whole" in raised.value.message
+    async with server:
+        error = await _error_event_from(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    assert "400 answer broke off before its body was whole" in error.message
 
 
 async def test_progress_as_content_is_what_a_chat_ui_shows(tmp_path: Path) -> None:

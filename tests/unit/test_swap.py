@@ -453,13 +453,20 @@ def test_a_target_the_scheduler_refuses_is_reported_once_and_cleared_when_placed
     assert kinds(actions, EmitEvent) == []
 
 
-def test_a_swap_abandoned_while_unschedulable_says_why() -> None:
-    why = "a cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+@pytest.mark.parametrize(("observed", "reason"), [
+    (refused("a", "a cannot be scheduled: 0/1 nodes are available"), "Unschedulable"),
+    (MemberPods(not_created={"a": 'a cannot be created: pods "a-1" is forbidden'}),
+     "FailedCreate"),
+])
+def test_a_swap_abandoned_while_its_target_is_refused_says_why(
+    observed: MemberPods, reason: str
+) -> None:
+    why = (observed.unschedulable or observed.not_created)["a"]
     state, _ = run(PoolState(config=CONFIG), [(0.0, MembersObserved(pods())),
-                                              (1.0, MembersObserved(refused("a", why)))])
+                                              (1.0, MembersObserved(observed))])
     state, _ = s.step(state, Tick(), 100.0)
     assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
-    assert state.last_swap.message == f"a not Ready within swapBudget 100s (Unschedulable: {why})"
+    assert state.last_swap.message == f"a not Ready within swapBudget 100s ({reason}: {why})"
 
 
 def not_created(member: str, why: str) -> MemberPods:
@@ -482,15 +489,6 @@ def test_a_target_whose_pods_cannot_be_created_is_reported_once_and_cleared_when
     assert kinds(actions, EmitEvent) == []
     state, _ = s.step(state, MembersObserved(pods(a=1)), 4.0)
     assert state.resident == "a" and state.swap is None
-
-
-def test_a_swap_abandoned_while_its_pods_cannot_be_created_says_why() -> None:
-    why = 'a cannot be created: pods "a-1" is forbidden: exceeded quota: no-pods'
-    state, _ = run(PoolState(config=CONFIG), [(0.0, MembersObserved(pods())),
-                                              (1.0, MembersObserved(not_created("a", why)))])
-    state, _ = s.step(state, Tick(), 100.0)
-    assert state.last_swap is not None and state.last_swap.outcome is Outcome.ABANDONED
-    assert state.last_swap.message == f"a not Ready within swapBudget 100s (FailedCreate: {why})"
 
 
 def test_an_abandoned_swap_scales_its_target_down_in_a_pool_without_a_default() -> None:
