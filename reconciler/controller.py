@@ -66,6 +66,7 @@ MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 MEMBER_NOT_FOUND = "MemberNotFound"
 WAITING_FOR_MEMBERS = "WaitingForMembers"
 WAITING_FOR_SERVER = "WaitingForModelServer"
+APPLY_REFUSED = "ApplyRefused"  # the API server refused a rendered object
 # Rendered servers kept (a handful per server: its replicas 0 and 1, in a pool or not).
 RENDER_CACHE_SIZE = 1024
 
@@ -391,6 +392,23 @@ class Controller:
         if cache is not None:
             cache.update(result)
 
+    async def _apply_for(self, body: Mapping[str, Any], logger: ObjectLogger,
+                         objects: Sequence[dict[str, Any]]) -> None:
+        """Apply what `body` (a ModelServer or a ModelRouter) renders. A refusal that
+        trying again will not change by itself (an admission policy, a webhook, a quota:
+        400, 403, 422) stalls `body`, naming the object and the API server's words, before
+        it is raised again to be retried with backoff, so `kubectl describe` says what
+        the log says."""
+        for obj in objects:
+            try:
+                await self._apply(obj)
+            except k.KubeError as e:
+                if e.status in (400, 403, 422):
+                    kind, name = obj.get("kind"), (obj.get("metadata") or {}).get("name")
+                    await self._server_stalled(body, logger, APPLY_REFUSED,
+                                               f"{kind} {name} was refused: {e}")
+                raise
+
     async def _patch_status(
         self, informer: k.Informer, obj: Mapping[str, Any], patch: Mapping[str, Any]
     ) -> None:
@@ -504,8 +522,7 @@ class Controller:
             spec, pool, ambiguous, parse(meta.get("creationTimestamp"))
         )
         objects = self._render_server(spec, replicas, meta.get("uid"), pool)
-        for obj in objects:
-            await self._apply(obj)
+        await self._apply_for(body, logger, objects)
         await self._prune(SERVER_KINDS, namespace, (LABEL_SERVER, name), meta.get("uid"),
                           {(str(o["kind"]), str(o["metadata"]["name"])) for o in objects})
         pods = [p for p in self.pods.items(namespace) if _labels(p).get(LABEL_SERVER) == name]
@@ -996,8 +1013,7 @@ class Controller:
             reason = "InvalidSpec" if isinstance(e, SpecError) else "CannotRender"
             await self._server_stalled(body, logger, reason, str(e))
             return
-        for obj in objects:
-            await self._apply(obj)
+        await self._apply_for(body, logger, objects)
         await self._prune(ROUTER_KINDS, namespace, (LABEL_ROUTER, name), meta.get("uid"),
                           {(str(o["kind"]), str(o["metadata"]["name"])) for o in objects})
         deployment = self.deployments.get(namespace, router_object_name(name)) or {}

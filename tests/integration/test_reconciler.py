@@ -886,6 +886,65 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
     assert resident is not None and resident["reason"] == "Resident"
 
 
+async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying_why(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """An admission policy of the cluster's refuses the server's Deployment. The
+    ModelServer says so (Stalled, with the policy's words, and an Event) rather than only
+    the reconciler's log, and recovers once the policy is gone."""
+    name = f"no-blocked-{namespace}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [{
+            "apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["deployments"]}]},
+            "validations": [{"expression": "object.metadata.name != 'blocked'",
+                             "message": "a Deployment named blocked is not allowed here"}]},
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+    }
+    probe = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "blocked"},
+             "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                 "metadata": {"labels": {"a": "b"}},
+                 "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                    "items": [policy, binding]}))
+    try:
+        async def enforced() -> bool | None:
+            result = kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                             input=json.dumps(probe), check=False)
+            return True if "is not allowed here" in result.stderr else None
+
+        await eventually(enforced, "the policy to be enforced", 30)
+        apply(kubectl, namespace, server("blocked"))
+
+        async def stalled() -> Json | None:
+            c = condition(await reconciler.get("modelservers", "blocked"), "Stalled")
+            return c if c is not None and c.get("status") == "True" else None
+
+        said = await eventually(stalled, "the ModelServer to say its Deployment was refused")
+        assert said["reason"] == "ApplyRefused"
+        assert said["message"].startswith("Deployment blocked was refused: "), said
+        assert "a Deployment named blocked is not allowed here" in said["message"], said
+        await event_seen(kubectl, namespace, "blocked", "ApplyRefused")
+    finally:
+        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
+                check=False)
+
+    async def recovered() -> Json | None:
+        body = await reconciler.get("modelservers", "blocked")
+        c = condition(body, "Stalled")
+        ready = (body.get("status") or {}).get("readyReplicas")
+        return body if c is not None and c["status"] == "False" and ready == 1 else None
+
+    await eventually(recovered, "the ModelServer to run once the policy is gone", 90)
+
+
 async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_gone(
     reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
 ) -> None:
