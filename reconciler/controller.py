@@ -1042,6 +1042,11 @@ class Controller:
         else:
             ready_c = (False, "Pending", f"{ready}/{wanted} router pods Ready")
             reconciling = ("Pending", f"{ready}/{wanted} router pods Ready")
+            failure = scheduling.creation_failure(deployment)
+            if failure is not None:  # a pod that is not there cannot say why
+                said = f"{ready}/{wanted} router pods Ready; one cannot be created: {failure}"
+                ready_c = (False, scheduling.FAILED_CREATE, said)
+                reconciling = (scheduling.FAILED_CREATE, said)
         owned = {
             "phase": phase,
             "endpoint": f"http://{router_object_name(name)}.{namespace}.svc:{spec.proxy.port}",

@@ -886,21 +886,21 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
     assert resident is not None and resident["reason"] == "Resident"
 
 
-async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying_why(
-    reconciler: Running, kubectl: Any, namespace: str
-) -> None:
-    """An admission policy of the cluster's refuses the server's Deployment. The
-    ModelServer says so (Stalled, with the policy's words, and an Event) rather than only
-    the reconciler's log, and recovers once the policy is gone."""
-    name = f"no-blocked-{namespace}"
+@contextlib.asynccontextmanager
+async def refusing(kubectl: Any, namespace: str, group: str, resource: str, expression: str,
+                   probe: Json) -> AsyncIterator[None]:
+    """A ValidatingAdmissionPolicy of the cluster's, bound to `namespace`, that refuses
+    `resource` objects for which `expression` is false ("... is not allowed here"); in
+    force (a dry run of `probe` is refused) on entry, gone on exit."""
+    name = f"refuse-{resource}-{namespace}"[:253]
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
         "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [{
-            "apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-            "resources": ["deployments"]}]},
-            "validations": [{"expression": "object.metadata.name != 'blocked'",
-                             "message": "a Deployment named blocked is not allowed here"}]},
+            "apiGroups": [group], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+            "resources": [resource]}]},
+            "validations": [{"expression": expression,
+                             "message": f"this {resource[:-1]} is not allowed here"}]},
     }
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -908,10 +908,6 @@ async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying
         "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
     }
-    probe = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "blocked"},
-             "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
-                 "metadata": {"labels": {"a": "b"}},
-                 "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
     kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                     "items": [policy, binding]}))
     try:
@@ -920,7 +916,31 @@ async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying
                              input=json.dumps(probe), check=False)
             return True if "is not allowed here" in result.stderr else None
 
-        await eventually(enforced, "the policy to be enforced", 30)
+        await eventually(enforced, f"the policy on {resource} to be enforced", 30)
+        yield
+    finally:
+        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
+                check=False)
+
+
+def _pod_labelled(labels: dict[str, str]) -> Json:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "probe", "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+
+async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying_why(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """An admission policy of the cluster's refuses the server's Deployment. The
+    ModelServer says so (Stalled, with the policy's words, and an Event) rather than only
+    the reconciler's log, and recovers once the policy is gone."""
+    pod = _pod_labelled({"a": "b"})
+    probe = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "blocked"},
+             "spec": {"selector": {"matchLabels": {"a": "b"}},
+                      "template": {"metadata": {"labels": {"a": "b"}}, "spec": pod["spec"]}}}
+    async with refusing(kubectl, namespace, "apps", "deployments",
+                        "object.metadata.name != 'blocked'", probe):
         apply(kubectl, namespace, server("blocked"))
 
         async def stalled() -> Json | None:
@@ -930,11 +950,8 @@ async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying
         said = await eventually(stalled, "the ModelServer to say its Deployment was refused")
         assert said["reason"] == "ApplyRefused"
         assert said["message"].startswith("Deployment blocked was refused: "), said
-        assert "a Deployment named blocked is not allowed here" in said["message"], said
+        assert "this deployment is not allowed here" in said["message"], said
         await event_seen(kubectl, namespace, "blocked", "ApplyRefused")
-    finally:
-        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
-                check=False)
 
     async def recovered() -> Json | None:
         body = await reconciler.get("modelservers", "blocked")
@@ -943,6 +960,33 @@ async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying
         return body if c is not None and c["status"] == "False" and ready == 1 else None
 
     await eventually(recovered, "the ModelServer to run once the policy is gone", 90)
+
+
+async def test_router_pods_that_cannot_be_created_are_reported_on_the_router(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """An admission policy refuses the router's pods (not its Deployment): no pod says
+    why, so the ModelRouter's Ready condition does, from the Deployment."""
+    async with refusing(kubectl, namespace, "", "pods",
+                        "!has(object.metadata.labels) || "
+                        "!('modelpool.dev/router' in object.metadata.labels)",
+                        _pod_labelled({"modelpool.dev/router": "chat"})):
+        apply(kubectl, namespace, server("a"), router(["a"]))
+
+        async def refused() -> Json | None:
+            c = condition(await reconciler.get("modelrouters", "chat"), "Ready")
+            return c if c is not None and c.get("reason") == "FailedCreate" else None
+
+        said = await eventually(refused, "the router to say its pods cannot be created")
+        assert said["status"] == "False"
+        assert said["message"].startswith("0/1 router pods Ready; one cannot be created: "), said
+        assert "this pod is not allowed here" in said["message"], said
+
+    async def running() -> Json | None:
+        c = condition(await reconciler.get("modelrouters", "chat"), "Ready")
+        return c if c is not None and c.get("status") == "True" else None
+
+    await eventually(running, "the router to run once the policy is gone", 90)
 
 
 async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_gone(
