@@ -553,6 +553,10 @@ class Controller:
             if failure is not None:  # no pod to show why: its Deployment says
                 ready_c = (False, scheduling.FAILED_CREATE, f"{name} cannot be created: {failure}")
                 reconciling = (scheduling.FAILED_CREATE, ready_c[2])
+            stuck = next((f for f in map(scheduling.container_failure, active) if f), None)
+            if stuck is not None:  # the kubelet cannot run a container
+                reconciling = (stuck[0], f"{name} is not starting: {stuck[1]}")
+                ready_c = (False, *reconciling)
         if stalled is not None:
             await self._warn_once(body, logger, stalled)
         owned = {
@@ -676,6 +680,7 @@ class Controller:
         ready: dict[str, int] = {}
         unschedulable: dict[str, str] = {}
         terminating: dict[str, int] = {}
+        failing: dict[str, tuple[str, str]] = {}
         for pod in self.pods.items(namespace):
             member = _labels(pod).get(LABEL_SERVER) or ""
             if member not in members or not _pod_active(pod):
@@ -690,6 +695,9 @@ class Controller:
             refused = scheduling.refusal(pod)
             if refused is not None and member not in unschedulable:
                 unschedulable[member] = self._unschedulable(namespace, member, refused)
+            stuck = scheduling.container_failure(pod)
+            if stuck is not None and member not in failing:
+                failing[member] = (stuck[0], f"{member} is not starting: {stuck[1]}")
         not_created: dict[str, str] = {}
         for member in members:
             failure = scheduling.creation_failure(self.deployments.get(namespace, member) or {})
@@ -697,7 +705,8 @@ class Controller:
                 not_created[member] = f"{member} cannot be created: {failure}"
         return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready,
                             unschedulable=unschedulable, terminating=terminating,
-                            not_created=not_created)
+                            not_created=not_created,
+                            failing={m: f for m, f in failing.items() if not ready.get(m)})
 
     def _unschedulable(self, namespace: str, member: str, message: str) -> str:
         """The scheduler's refusal, naming the pods in view that hold the GPU it lacks."""

@@ -143,7 +143,9 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
     elif phase == "Cold":
         ready = (False, "Cold", "no member is resident")
     else:
-        ready = (False, "ResidentNotReady", f"{state.resident} has no Ready pod")
+        failing = (state.observed or s.MemberPods()).failing.get(state.resident or "")
+        why = f"; {failing[1]}" if failing is not None else ""
+        ready = (False, "ResidentNotReady", f"{state.resident} has no Ready pod{why}")
     reconciling = None
     if swap is not None and swap.unschedulable is not None:
         # The swap cannot go on until the scheduler places the target: say why, in Ready
@@ -153,6 +155,9 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
     elif swap is not None and swap.not_created is not None:
         reconciling = (s.FAILED_CREATE, swap.not_created)
         ready = (False, s.FAILED_CREATE, swap.not_created)
+    elif swap is not None and swap.failing is not None:
+        reconciling = swap.failing
+        ready = (False, *swap.failing)
     elif swap is not None:
         reconciling = ("Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
     problem = state.problem

@@ -38,6 +38,41 @@ def creation_failure(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
+# A container waiting for one of these is on its way; any other reason is a failure the
+# kubelet retries with backoff (CrashLoopBackOff, ImagePullBackOff, ErrImagePull,
+# CreateContainerConfigError, ...), and a person has to look.
+_STARTING = frozenset({"", "ContainerCreating", "PodInitializing"})
+
+
+def container_failure(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Why a placed pod's container does not run, as the kubelet says it: its waiting
+    reason, and a message with the kubelet's words and how the last run ended ("container
+    model: back-off 20s restarting failed container ... (restarted 3 times; the last run
+    exited 1, Error)"), else None."""
+    status = pod.get("status") or {}
+    for c in [*(status.get("initContainerStatuses") or []),
+              *(status.get("containerStatuses") or [])]:
+        waiting = (c.get("state") or {}).get("waiting")
+        reason = str((waiting or {}).get("reason") or "")
+        if waiting is None or reason in _STARTING:
+            continue
+        text = f"container {c.get('name')}: {reason}"
+        if waiting.get("message"):
+            text += f": {str(waiting['message']).strip()}"
+        last = (c.get("lastState") or {}).get("terminated")
+        restarts = int(c.get("restartCount") or 0)
+        if last is not None:
+            ended = f"exited {last.get('exitCode')}"
+            if last.get("reason"):
+                ended += f", {last['reason']}"
+            if restarts:
+                times = "once" if restarts == 1 else f"{restarts} times"
+                ended = f"restarted {times}; the last run {ended}"
+            text += f" ({ended})"
+        return reason, text
+    return None
+
+
 def requests(pod: Mapping[str, Any], resource: str) -> int:
     """How much of `resource` the pod's containers ask for (limits count for extended
     resources, which need no request)."""

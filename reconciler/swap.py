@@ -167,6 +167,9 @@ class Swap:
     unschedulable: str | None = None
     # While Loading: why the target's pod cannot be created at all; None once it exists.
     not_created: str | None = None
+    # While Loading: the kubelet's reason and message for a container of the target that
+    # does not run; None once it runs.
+    failing: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,9 @@ class MemberPods:
     terminating: Mapping[str, int] = field(default_factory=dict)
     # For a member with no pod: why its pods cannot be created (admission refused them).
     not_created: Mapping[str, str] = field(default_factory=dict)
+    # For a member with no Ready pod: a container the kubelet cannot run (its waiting
+    # reason, CrashLoopBackOff say, and a message).
+    failing: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def count(self, member: str) -> int:
         return self.pods.get(member, 0)
@@ -742,6 +748,12 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
             actions.append(EmitEvent("Warning", FAILED_CREATE, failed))
         swap = replace(swap, not_created=failed)
         state = replace(state, swap=swap)
+    failing = observed.failing.get(swap.to) if observed.ready.get(swap.to, 0) < 1 else None
+    if failing != swap.failing:
+        if failing is not None and swap.failing is None:
+            actions.append(EmitEvent("Warning", *failing))
+        swap = replace(swap, failing=failing)
+        state = replace(state, swap=swap)
     if observed.ready.get(swap.to, 0) < 1:
         return state, actions
     loaded_from = swap.scheduled_at if swap.scheduled_at is not None else swap.phase_started
@@ -784,6 +796,9 @@ def _abandon(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     elif swap.not_created is not None:
         message = (f"{swap.to} not Ready within swapBudget {budget:g}s "
                    f"({FAILED_CREATE}: {swap.not_created})")
+    elif swap.failing is not None:
+        message = (f"{swap.to} not Ready within swapBudget {budget:g}s "
+                   f"({swap.failing[0]}: {swap.failing[1]})")
     else:
         message = f"{swap.to} not Ready within swapBudget {budget:g}s"
     return _end(state, now, Outcome.ABANDONED, SWAP_BUDGET_EXCEEDED, message)

@@ -989,6 +989,34 @@ async def test_router_pods_that_cannot_be_created_are_reported_on_the_router(
     await eventually(running, "the router to run once the policy is gone", 90)
 
 
+async def test_a_member_that_crashes_on_start_is_reported_with_how_it_ended(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """The member's server exits at once (a setting it cannot read), and the kubelet
+    backs off restarting it. The pool and the ModelServer say so, with the kubelet's
+    reason and the exit code, and the pool loads it once the spec is mended."""
+    broken = server("a")
+    broken["spec"]["env"] = [{"name": "FAKE_MODEL_LOAD_TIME", "value": "never"}]
+    apply(kubectl, namespace, broken, pool(["a"], default="a", budget="300s"))
+
+    async def crashing() -> Json | None:
+        ready = condition(await reconciler.pool(), "Ready")
+        return ready if ready is not None and ready["reason"] == "CrashLoopBackOff" else None
+
+    ready = await eventually(crashing, "the pool to say its member crashes")
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("a is not starting: container "), ready
+    assert "exited 2, Error)" in ready["message"], ready  # a bad setting exits 2
+    await event_seen(kubectl, namespace, "slot", "CrashLoopBackOff")
+    said = condition(await reconciler.get("modelservers", "a"), "Ready")
+    assert said is not None and said["reason"] == "CrashLoopBackOff", said
+
+    apply(kubectl, namespace, server("a"))
+    body = await ready_with(reconciler, "a")
+    resident = condition(body, "Ready")
+    assert resident is not None and resident["reason"] == "Resident"
+
+
 async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_gone(
     reconciler: Running, kubectl: Any, namespace: str, api: kr8s.asyncio.Api
 ) -> None:

@@ -77,3 +77,54 @@ def test_the_explanation_names_the_holders_of_what_is_short() -> None:
     other = scheduling.explain("gemma", "0/1 nodes are available: 1 node(s) had untolerated "
                                "taint.", GPU, ["x/y on n"])
     assert "held by" not in other
+
+
+def _with_containers(*statuses: dict[str, Any], init: tuple[dict[str, Any], ...] = ()
+                     ) -> dict[str, Any]:
+    return {"spec": {"nodeName": "gpu-1"},
+            "status": {"containerStatuses": list(statuses),
+                       "initContainerStatuses": list(init)}}
+
+
+def test_a_crash_looping_container_says_how_its_last_run_ended() -> None:
+    pod = _with_containers({
+        "name": "model", "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff",
+                              "message": "back-off 40s restarting failed container=model"}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+    })
+    assert scheduling.container_failure(pod) == (
+        "CrashLoopBackOff",
+        "container model: CrashLoopBackOff: back-off 40s restarting failed container=model "
+        "(restarted 3 times; the last run exited 137, OOMKilled)")
+
+
+def test_an_image_that_cannot_be_pulled_is_a_failure_and_a_starting_container_is_not() -> None:
+    pulling = _with_containers({"name": "model", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "vllm/vllm:x"'}}})
+    assert scheduling.container_failure(pulling) == (
+        "ImagePullBackOff",
+        'container model: ImagePullBackOff: Back-off pulling image "vllm/vllm:x"')
+    for reason in ("ContainerCreating", "PodInitializing"):
+        starting = _with_containers({"name": "model", "state": {"waiting": {"reason": reason}}})
+        assert scheduling.container_failure(starting) is None
+    first = _with_containers({"name": "model", "restartCount": 0, "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 2}}})
+    assert scheduling.container_failure(first) == (
+        "CrashLoopBackOff", "container model: CrashLoopBackOff (exited 2)")
+    running = _with_containers({"name": "model", "restartCount": 1,
+                                "state": {"running": {}},
+                                "lastState": {"terminated": {"exitCode": 1}}})
+    assert scheduling.container_failure(running) is None
+    assert scheduling.container_failure({"status": {}}) is None
+
+
+def test_an_init_container_that_fails_is_named() -> None:
+    pod = _with_containers(
+        {"name": "model", "state": {"waiting": {"reason": "PodInitializing"}}},
+        init=({"name": "fetch", "restartCount": 1,
+               "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+               "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}},))
+    assert scheduling.container_failure(pod) == (
+        "CrashLoopBackOff",
+        "container fetch: CrashLoopBackOff (restarted once; the last run exited 2, Error)")

@@ -453,15 +453,38 @@ def test_a_target_the_scheduler_refuses_is_reported_once_and_cleared_when_placed
     assert kinds(actions, EmitEvent) == []
 
 
+def test_a_target_whose_container_fails_is_reported_once_and_cleared_when_ready() -> None:
+    crash = ("CrashLoopBackOff", "a is not starting: container model: CrashLoopBackOff "
+             "(exited 1, Error)")
+    pull = ("ImagePullBackOff", "a is not starting: container model: ImagePullBackOff")
+    state, _ = s.step(PoolState(config=CONFIG), MembersObserved(pods()), 0.0)
+    state, actions = s.step(state, MembersObserved(MemberPods(
+        pods={"a": 1}, scheduled={"a": 1}, failing={"a": crash})), 1.0)
+    assert kinds(actions, EmitEvent) == [EmitEvent("Warning", *crash)]
+    assert state.swap is not None and state.swap.failing == crash
+    # a new reason or new words update what the pool says, with no second Event
+    state, actions = s.step(state, MembersObserved(MemberPods(
+        pods={"a": 1}, scheduled={"a": 1}, failing={"a": pull})), 2.0)
+    assert kinds(actions, EmitEvent) == [] and state.swap is not None
+    assert state.swap.failing == pull
+    state, actions = s.step(state, MembersObserved(loading(a=1)), 3.0)
+    assert state.swap is not None and state.swap.failing is None
+    state, _ = s.step(state, MembersObserved(pods(a=1)), 4.0)
+    assert state.resident == "a"
+
+
 @pytest.mark.parametrize(("observed", "reason"), [
     (refused("a", "a cannot be scheduled: 0/1 nodes are available"), "Unschedulable"),
     (MemberPods(not_created={"a": 'a cannot be created: pods "a-1" is forbidden'}),
      "FailedCreate"),
+    (MemberPods(pods={"a": 1}, failing={"a": ("ErrImagePull", "a is not starting: ...")}),
+     "ErrImagePull"),
 ])
 def test_a_swap_abandoned_while_its_target_is_refused_says_why(
     observed: MemberPods, reason: str
 ) -> None:
-    why = (observed.unschedulable or observed.not_created)["a"]
+    why = (observed.unschedulable or observed.not_created or
+           {m: text for m, (_, text) in observed.failing.items()})["a"]
     state, _ = run(PoolState(config=CONFIG), [(0.0, MembersObserved(pods())),
                                               (1.0, MembersObserved(observed))])
     state, _ = s.step(state, Tick(), 100.0)

@@ -118,6 +118,23 @@ def test_a_target_whose_pods_cannot_be_created_shows_in_ready_and_reconciling() 
     assert conditions["Stalled"]["status"] == "False"
 
 
+def test_a_failing_container_shows_in_ready_and_reconciling_and_for_a_resident() -> None:
+    crash = ("CrashLoopBackOff", "a is not starting: container model: CrashLoopBackOff")
+    state, _ = s.step(s.PoolState(config=CONFIG), s.MembersObserved(s.MemberPods()), T0)
+    failing = s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, failing={"a": crash})
+    state, _ = s.step(state, s.MembersObserved(failing), T0 + 1)
+    conditions = {c["type"]: c for c in ps.pool_status(state, None, T0 + 1)["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"],
+            conditions["Ready"]["message"]) == ("False", *crash)
+    assert (conditions["Reconciling"]["reason"], conditions["Reconciling"]["message"]) == crash
+    # A resident that crashes says why it has no Ready pod.
+    resident = s.PoolState(config=CONFIG, generation=1, resident="a", resident_since=T0,
+                           observed=failing)
+    ready = {c["type"]: c for c in ps.pool_status(resident, None, T0)["conditions"]}["Ready"]
+    assert (ready["reason"], ready["message"]) == (
+        "ResidentNotReady", f"a has no Ready pod; {crash[1]}")
+
+
 def test_a_target_the_scheduler_refuses_shows_in_ready_and_reconciling() -> None:
     why = "a cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
     state, _ = s.step(s.PoolState(config=CONFIG), s.MembersObserved(s.MemberPods()), T0)
