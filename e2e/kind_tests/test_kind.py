@@ -97,9 +97,10 @@ def test_a_kubelet_restart_is_followed_by_a_new_registration(kind_kubectl: Kubec
           "the node to advertise its GPU again", 120)
 
 
-def member(name: str, node: str, unload_time: float = 0.0) -> harness.Json:
+def member(name: str, node: str, unload_time: float = 0.0,
+           image: str = harness.FAKE_MODEL_IMAGE) -> harness.Json:
     return harness.on_node(harness.fake_member(name, load_time=1.0, env={
-        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None), node)
+        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None, image=image), node)
 
 
 def router_on_control_plane(name: str, backends: list[str]) -> harness.Json:
@@ -197,6 +198,35 @@ async def test_two_members_that_both_fit_on_the_node_never_run_together(
         out = kind_kubectl("exec", "-n", ns, pod, "--", "python3", "-c",
                            ROOT_FS_PROBE).stdout.split()
         assert out[0] != "0" and out[1] == "read-only", (pod, out)
+
+
+def test_a_member_whose_image_cannot_be_pulled_is_reported_by_the_kubelets_reason(
+    kind_kubectl: Kubectl, restricted_namespace: str,
+) -> None:
+    """No image of that name was side-loaded and nothing can be pulled here, so the real
+    kubelet reports ErrImagePull, then ImagePullBackOff. The pool says which, in the
+    kubelet's words, rather than waiting out its swap budget in silence; the member loads
+    once its image is one the node has."""
+    ns = restricted_namespace
+    missing = "modelpool/never-built:e2e"
+    harness.apply(kind_kubectl, ns, member("alpha", TWO_GPUS, image=missing),
+                  harness.pool("slot", ["alpha"], default="alpha", swap_budget="600s"))
+
+    def pulling() -> harness.Json | None:
+        ready = harness.condition(harness.get(kind_kubectl, ns, f"modelpools.{harness.GROUP}",
+                                              "slot"), "Ready") or {}
+        return ready if ready.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
+
+    ready = harness.eventually(pulling, "the pool to say its image cannot be pulled", 120)
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("alpha is not starting: container "), ready
+    assert missing in ready["message"], ready
+    server = harness.get(kind_kubectl, ns, f"modelservers.{harness.GROUP}", "alpha")
+    said = harness.condition(server, "Ready") or {}
+    assert said.get("reason") in ("ErrImagePull", "ImagePullBackOff"), said
+
+    harness.apply(kind_kubectl, ns, member("alpha", TWO_GPUS))
+    harness.wait_pool_ready(kind_kubectl, ns, "slot", "alpha", 180.0)
 
 
 # The user a container runs as, and how its root filesystem is mounted (as the kubelet
