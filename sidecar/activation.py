@@ -487,7 +487,8 @@ class Activation:
         swap's phase, or the member's state when no swap runs yet."""
         pool = self._seen.get(backend.pool or "")
         if pool is not None and pool.swap is not None:
-            return f"swap phase {pool.swap.phase}"
+            stuck = f": {pool.swap.stuck_on}" if pool.swap.stuck_on else ""
+            return f"swap phase {pool.swap.phase}{stuck}"
         return f"member {self.model_states().get(backend.name, 'unavailable')}"
 
     def inflight(self) -> int:

@@ -55,6 +55,9 @@ class SwapProgress:
     to_member: str
     generation: int | None
     phase: str
+    # What the swap is stuck on, as the pool's Ready condition says (the target cannot be
+    # scheduled or created, or its container does not run); None while it just proceeds.
+    stuck_on: str | None = None
 
 
 @dataclass(frozen=True)

@@ -368,7 +368,7 @@ def parse_pool(obj: Body) -> PoolStatus:
         status_present=present,
         resident_member=st.get("residentMember"),
         request=_request(st.get("request")),
-        swap=_swap(st.get("swap")),
+        swap=_swap(st.get("swap"), st.get("conditions")),
         last_swap=_last_swap(st.get("lastSwap")),
     )
 
@@ -379,7 +379,7 @@ def _request(raw: Any) -> PoolRequest | None:
     return PoolRequest(raw.get("member"), raw["generation"], raw.get("requestedBy"))
 
 
-def _swap(raw: Any) -> SwapProgress | None:
+def _swap(raw: Any, conditions: Any) -> SwapProgress | None:
     if not isinstance(raw, dict) or not raw.get("to"):
         return None
     generation = raw.get("generation")
@@ -388,7 +388,19 @@ def _swap(raw: Any) -> SwapProgress | None:
         str(raw["to"]),
         generation if isinstance(generation, int) else None,
         str(raw.get("phase") or ""),
+        _stuck_on(conditions),
     )
+
+
+def _stuck_on(conditions: Any) -> str | None:
+    """While a swap runs, the pool's Ready condition has reason Swapping unless the swap
+    is stuck (Unschedulable, FailedCreate, CrashLoopBackOff, ...): then its message."""
+    for c in conditions if isinstance(conditions, list) else ():
+        if not isinstance(c, dict) or c.get("type") != "Ready":
+            continue
+        if c.get("status") == "False" and c.get("reason") not in (None, "Swapping"):
+            return str(c.get("message") or c.get("reason"))
+    return None
 
 
 def _last_swap(raw: Any) -> LastSwap | None:

@@ -698,5 +698,8 @@ async def test_what_fallback_and_held_streams_ask_of_the_activation(pools: FakeC
         pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Unloading"))
         await eventually(lambda: not a.swap_can_start(gemma))
         assert a.hold_progress(gemma) == "swap phase Unloading"
+        crash = "gemma is not starting: container server: CrashLoopBackOff (exited 1)"
+        pools.set_pool("heavy", swap=SwapProgress("coder", "gemma", 4, "Loading", crash))
+        await eventually(lambda: a.hold_progress(gemma) == f"swap phase Loading: {crash}")
 
     await running([router], body)

@@ -96,6 +96,22 @@ def test_parse_pool_reads_every_field_the_router_uses() -> None:
     )
 
 
+@pytest.mark.parametrize(("reason", "stuck_on"), [
+    ("Swapping", None),
+    ("Unschedulable", "gemma cannot be scheduled: 0/1 nodes are available"),
+    ("CrashLoopBackOff", "gemma cannot be scheduled: 0/1 nodes are available"),
+])
+def test_parse_pool_reads_what_a_swap_is_stuck_on(reason: str, stuck_on: str | None) -> None:
+    obj = {"metadata": {"name": "heavy", "resourceVersion": "1"}, "status": {
+        "swap": {"from": "coder", "to": "gemma", "phase": "Loading"},
+        "conditions": [
+            {"type": "Reconciling", "status": "True", "reason": reason, "message": "x"},
+            {"type": "Ready", "status": "False", "reason": reason,
+             "message": "gemma cannot be scheduled: 0/1 nodes are available"}]}}
+    swap = parse_pool(obj).swap
+    assert swap is not None and swap.stuck_on == stuck_on
+
+
 @pytest.mark.parametrize(
     ("status", "present", "expected"),
     [
