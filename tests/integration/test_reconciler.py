@@ -245,6 +245,23 @@ async def ready_with_pool(running: Running, pool_name: str, member: str) -> Json
     return await eventually(check, f"pool Ready with {member} resident", within=90)
 
 
+async def condition_when(running: Running, plural: str, name: str, type_: str,
+                         holds: Callable[[Json], bool], what: str, within: float = 60.0
+                         ) -> Json:
+    """An object's condition `type_` once `holds` is true of it."""
+    async def check() -> Json | None:
+        c = condition(await running.get(plural, name), type_)
+        return c if c is not None and holds(c) else None
+
+    return await eventually(check, what, within)
+
+
+async def ready_reason(running: Running, reason: str, what: str) -> Json:
+    """The pool's Ready condition once its reason is `reason`."""
+    return await condition_when(running, "modelpools", "slot", "Ready",
+                                lambda c: c["reason"] == reason, what)
+
+
 def _active_member(pod: Json) -> str | None:
     """The member a pod belongs to while it may hold the GPU: placed on a node and not
     finished (terminating included). A pod behind its slot gate holds nothing."""
@@ -824,11 +841,8 @@ async def test_a_member_the_scheduler_will_not_place_is_reported_with_who_holds_
 
     apply(kubectl, namespace, server("a", gpu=1), pool(["a"], default="a", budget="300s"))
 
-    async def refused() -> Json | None:
-        ready = condition(await reconciler.pool(), "Ready")
-        return ready if ready is not None and ready["reason"] == "Unschedulable" else None
-
-    ready = await eventually(refused, "the pool to say its member is unschedulable")
+    ready = await ready_reason(reconciler, "Unschedulable",
+                               "the pool to say its member is unschedulable")
     assert ready["status"] == "False"
     assert "Insufficient nvidia.com/gpu" in ready["message"], ready
     assert f"nvidia.com/gpu is held by {namespace}/{holder} on " in ready["message"], ready
@@ -857,11 +871,8 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
     member["spec"]["storage"] = {"hostPath": "/var/lib/modelpool/models"}
     apply(kubectl, namespace, member, pool(["a"], default="a", budget="300s"))
 
-    async def refused() -> Json | None:
-        ready = condition(await reconciler.pool(), "Ready")
-        return ready if ready is not None and ready["reason"] == "FailedCreate" else None
-
-    ready = await eventually(refused, "the pool to say its member's pods cannot be created")
+    ready = await ready_reason(reconciler, "FailedCreate",
+                               "the pool to say its member's pods cannot be created")
     assert ready["status"] == "False"
     assert ready["message"].startswith("a cannot be created: "), ready
     assert 'violates PodSecurity "restricted' in ready["message"], ready
@@ -871,12 +882,9 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
     assert reconciling["reason"] == "FailedCreate"
     await event_seen(kubectl, namespace, "slot", "FailedCreate")
 
-    async def server_refused() -> Json | None:
-        body = await reconciler.get("modelservers", "a")
-        ready = condition(body, "Ready")
-        return ready if ready is not None and ready["reason"] == "FailedCreate" else None
-
-    said = await eventually(server_refused, "the ModelServer to say its pods cannot be created")
+    said = await condition_when(reconciler, "modelservers", "a", "Ready",
+                                lambda c: c["reason"] == "FailedCreate",
+                                "the ModelServer to say its pods cannot be created")
     assert said["message"] == ready["message"], (said, ready)
 
     kubectl("label", "namespace", namespace, "--overwrite",
@@ -943,11 +951,9 @@ async def test_a_rendered_object_the_api_server_refuses_stalls_its_server_saying
                         "object.metadata.name != 'blocked'", probe):
         apply(kubectl, namespace, server("blocked"))
 
-        async def stalled() -> Json | None:
-            c = condition(await reconciler.get("modelservers", "blocked"), "Stalled")
-            return c if c is not None and c.get("status") == "True" else None
-
-        said = await eventually(stalled, "the ModelServer to say its Deployment was refused")
+        said = await condition_when(reconciler, "modelservers", "blocked", "Stalled",
+                                    lambda c: c["status"] == "True",
+                                    "the ModelServer to say its Deployment was refused")
         assert said["reason"] == "ApplyRefused"
         assert said["message"].startswith("Deployment blocked was refused: "), said
         assert "this deployment is not allowed here" in said["message"], said
@@ -973,20 +979,16 @@ async def test_router_pods_that_cannot_be_created_are_reported_on_the_router(
                         _pod_labelled({"modelpool.dev/router": "chat"})):
         apply(kubectl, namespace, server("a"), router(["a"]))
 
-        async def refused() -> Json | None:
-            c = condition(await reconciler.get("modelrouters", "chat"), "Ready")
-            return c if c is not None and c.get("reason") == "FailedCreate" else None
-
-        said = await eventually(refused, "the router to say its pods cannot be created")
+        said = await condition_when(reconciler, "modelrouters", "chat", "Ready",
+                                    lambda c: c["reason"] == "FailedCreate",
+                                    "the router to say its pods cannot be created")
         assert said["status"] == "False"
         assert said["message"].startswith("0/1 router pods Ready; one cannot be created: "), said
         assert "this pod is not allowed here" in said["message"], said
 
-    async def running() -> Json | None:
-        c = condition(await reconciler.get("modelrouters", "chat"), "Ready")
-        return c if c is not None and c.get("status") == "True" else None
-
-    await eventually(running, "the router to run once the policy is gone", 90)
+    await condition_when(reconciler, "modelrouters", "chat", "Ready",
+                         lambda c: c["status"] == "True",
+                         "the router to run once the policy is gone", 90)
 
 
 async def test_a_member_that_crashes_on_start_is_reported_with_how_it_ended(
@@ -999,11 +1001,7 @@ async def test_a_member_that_crashes_on_start_is_reported_with_how_it_ended(
     broken["spec"]["env"] = [{"name": "FAKE_MODEL_LOAD_TIME", "value": "never"}]
     apply(kubectl, namespace, broken, pool(["a"], default="a", budget="300s"))
 
-    async def crashing() -> Json | None:
-        ready = condition(await reconciler.pool(), "Ready")
-        return ready if ready is not None and ready["reason"] == "CrashLoopBackOff" else None
-
-    ready = await eventually(crashing, "the pool to say its member crashes")
+    ready = await ready_reason(reconciler, "CrashLoopBackOff", "the pool to say its member crashes")
     assert ready["status"] == "False"
     assert ready["message"].startswith("a is not starting: container "), ready
     assert "exited 2, Error)" in ready["message"], ready  # a bad setting exits 2
