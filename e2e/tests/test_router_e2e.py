@@ -290,6 +290,9 @@ def test_an_idle_pool_gives_the_gpu_back_and_the_next_request_loads_it_again(
     assert status["status"].get("idleUnloaded") is None
 
 
+# Four servers to start, three swaps on real pods and four servers to stop afterwards:
+# about 90 s on kind, more than the default 120 s per test once the host is loaded.
+@pytest.mark.timeout(300)
 def test_a_backend_falls_through_to_a_member_that_is_loaded_instead_of_waiting(
     kubectl: Kubectl, namespace: str, installed: Installation
 ) -> None:

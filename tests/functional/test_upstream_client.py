@@ -6,7 +6,10 @@ control, a path prefix, a garbled answer and a read timeout mid-stream."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -382,3 +385,69 @@ def test_a_pooled_connection_that_broke_mid_answer_is_not_sent_again(on_loop: On
         assert [s.connection for s in proxy.raw.seen] == [1, 1]
 
     on_loop(check)
+
+
+# Answers a model server might send, whole, for the fuzzed test below to cut and garble.
+_EVENT = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+_ANSWERS = (
+    reply(),
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in (_EVENT, _EVENT, b"data: [DONE]\n\n"))
+    + b"0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + _EVENT * 3,
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 27\r\n\r\n"
+    b'{"error": {"message": "x"}}',
+    b"HTTP/1.1 100 Continue\r\n\r\n" + reply(),
+    b"HTTP/1.0 200 OK\r\n\r\n" + OK,
+    b"HTTP/1.1 200 OK\r\nContent-Length: 70000\r\n\r\n" + b"x" * 70000,
+)
+_INSERTS = (b"\r\n", b":", b" ", b"\x00", b"\xff", b"\n", b"Transfer-Encoding: chunked\r\n",
+            b"Content-Length: 3\r\n", b"Content-Length: 99999999999999999999\r\n",
+            b"Connection: close\r\n", b"HTTP/1.1 200 OK\r\n", b"ffffffffffffffff\r\n")
+
+
+def _garbled(rng: random.Random, data: bytes) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(0, 3)):
+        at = rng.randrange(len(out) + 1)
+        op = rng.random()
+        if op < 0.3 and at < len(out):
+            out[at] = rng.randrange(256)
+        elif op < 0.5:
+            del out[at:at + rng.randint(1, 8)]
+        elif op < 0.8:
+            out[at:at] = rng.choice(_INSERTS)
+        else:
+            del out[at:]
+    return bytes(out)
+
+
+def _scripted(answer: tuple[bytes, bool], seen: Seen) -> tuple[bytes, bool]:
+    return answer
+
+
+def test_garbled_and_cut_answers_each_get_an_end_and_the_router_goes_on(
+    on_loop: OnLoop, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fixed sample of answers cut, garbled and closed early or left open: each request
+    ends (answered, or its connection closed once a body was under way), none is the
+    router's own 500, nothing is logged as an error, and a good answer still passes
+    whole afterwards."""
+    rng = random.Random(7)
+    cases = [(_garbled(rng, rng.choice(_ANSWERS)), rng.random() < 0.5) for _ in range(120)]
+
+    async def check(proxy: Proxy) -> None:
+        for case in cases:
+            proxy.raw.script = functools.partial(_scripted, case)
+            try:
+                async with asyncio.timeout(10):
+                    _status, body = await proxy.post(BODY)
+            except aiohttp.ClientError:
+                continue  # cut after its head went out, as it should be
+            assert b"Internal router error" not in body, case
+        proxy.raw.script = lambda seen: (reply(), False)
+        assert await proxy.post(BODY) == (200, OK)
+
+    with caplog.at_level(logging.ERROR):
+        on_loop(check, responseHeaderTimeoutSeconds=0.5)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
