@@ -161,7 +161,7 @@ def test_every_panel_of_the_dashboard_has_data_after_a_scripted_session(
         kubectl, ns,
         harness.fake_member("a", load_time=0.5), harness.fake_member("b", load_time=1.0),
         harness.fake_member("broken", env={"FAKE_MODEL_FAIL_LOAD": "1"}),
-        harness.pool("slot", ["a", "b", "broken"], default="a", swap_budget="15s",
+        harness.pool("slot", ["a", "b", "broken"], default="a", swap_budget="30s",
                      idleUnloadAfter="6s"),
         harness.router("chat", ["a", "b", "broken"]))
     (router,) = harness.wait_router_ready(kubectl, ns, "chat", None, 180.0)
@@ -182,12 +182,22 @@ def test_every_panel_of_the_dashboard_has_data_after_a_scripted_session(
     session_start = time.time()
     with openai.OpenAI(base_url=harness.base_url(router), api_key="unused", max_retries=0,
                        timeout=120) as client:
-        # b asked for while a streams: the swap is deferred (PodsBusy), b's request held
-        with client.chat.completions.create(model="a", messages=HELLO, max_tokens=200,
+        # b asked for while a streams: the swap is deferred (PodsBusy), b's request held.
+        # The stream is long (60 s at 50 tokens/s) so that a loaded host cannot end it before
+        # the deferral is seen; hanging up on it then leaves a idle and lets the swap go on.
+        with client.chat.completions.create(model="a", messages=HELLO, max_tokens=3000,
                                             stream=True) as chunks:
             next(iter(chunks))
-            swap = threading.Thread(target=lambda: client.chat.completions.create(
-                model="b", messages=HELLO, max_tokens=2))
+            outcome: list[object] = []
+
+            def ask_for_b() -> None:
+                try:
+                    outcome.append(client.chat.completions.create(
+                        model="b", messages=HELLO, max_tokens=2).model)
+                except openai.OpenAIError as e:
+                    outcome.append(e)
+
+            swap = threading.Thread(target=ask_for_b)
             swap.start()
 
             def deferred() -> bool | None:
@@ -195,12 +205,31 @@ def test_every_panel_of_the_dashboard_has_data_after_a_scripted_session(
                                           "SwapDeferred")
                 return True if found and found["status"] == "True" else None
 
-            harness.eventually(deferred, "the swap deferred while a streams", 30)
-            for _ in chunks:
-                pass
+            harness.eventually(deferred, "the swap deferred while a streams", 60,
+                               explain=lambda: (outcome, harness.pool_status(kubectl, ns, "slot")))
+
+            def held_scraped() -> bool | None:
+                held = query(base, f'modelpool_held_requests{{namespace="{ns}"}} > 0')
+                return True if held else None
+
+            harness.eventually(held_scraped, "b's held request scraped", 60,
+                               explain=lambda: query(
+                                   base, f'modelpool_held_requests{{namespace="{ns}"}}'))
         swap.join(120)
-        reply = client.chat.completions.create(model="a", messages=HELLO, max_tokens=2)
-        assert reply.model == "a"  # and back
+        assert outcome == ["b"]
+        # and back, twice, the first answer scraped before the second: a rate needs two
+        # samples of a counter (the stream was hung up on, so it counts under 499)
+        answered_a = f'modelpool_requests_total{{namespace="{ns}", model="a", code="200"}}'
+        for times in (1, 2):
+            reply = client.chat.completions.create(model="a", messages=HELLO, max_tokens=2)
+            assert reply.model == "a"
+
+            def scraped_as(count: int = times) -> bool | None:
+                return True if [s for s in query(base, answered_a)
+                                if s["value"][1] == str(count)] else None
+
+            harness.eventually(scraped_as, f"a's answer {times} scraped", 30,
+                               explain=lambda: query(base, answered_a))
         with pytest.raises(openai.APIStatusError) as refused:  # a member that never loads
             client.chat.completions.create(model="broken", messages=HELLO, max_tokens=2)
         assert refused.value.status_code == 503
@@ -225,7 +254,8 @@ def test_every_panel_of_the_dashboard_has_data_after_a_scripted_session(
 
     harness.eventually(every_panel_has_numbers,
                        "a number above 0 in every panel's every query", 60,
-                       explain=lambda: empty)
+                       explain=lambda: (empty, query(
+                           base, f'modelpool_requests_total{{namespace="{ns}"}}')))
     # and what they show is this session: the resident now is nobody (Cold), a swap b -> a
     swaps = query(base, f'sum by (from, to) (modelpool_swaps_total{{namespace="{ns}"}})')
     assert {(s["metric"].get("from"), s["metric"].get("to")) for s in swaps
