@@ -15,7 +15,10 @@ aiohttp server in its own process, so the figures measure the router, not a mode
     .venv/bin/python benchmarks/bench_router.py            # full run, prints the table
     .venv/bin/python benchmarks/bench_router.py --quick    # smaller counts, a smoke test
 
-Internal sub-commands start the other processes: `upstream` and `fake-kube-router`.
+    .venv/bin/python benchmarks/bench_router.py --only held --held 50000 --routers 3
+
+Internal sub-commands start the other processes: `upstream`, `fake-kube-router` and
+`hold-client`.
 """
 
 from __future__ import annotations
@@ -521,47 +524,91 @@ async def until(check: Callable[[], Any], limit: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def held_requests(router: Proc, n: int, out: Results) -> None:
+async def hold_client(url: str, n: int) -> None:
+    """`hold-client --url U --n N`: N requests for gemma at once (ramped), each read to its
+    end; prints `sent` once all are sent, then one JSON line of statuses and failures."""
+    raise_fd_limit()
     gemma = json.dumps({"model": "gemma", "messages": []}).encode()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
+    statuses: Counter[int] = Counter()
+    failures: Counter[str] = Counter()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        rss_before = router.peak_rss_mb()
-        statuses: list[int] = []
-        failures: Counter[str] = Counter()
 
         async def one() -> None:
-            async with session.post(router.url + "/v1/chat/completions", data=gemma) as resp:
-                body = await resp.read()
-                statuses.append(resp.status)
-                if resp.status != 200:
-                    failures[f"{resp.status} {body[:120]!r}"] += 1
+            try:
+                async with session.post(url + "/v1/chat/completions", data=gemma) as resp:
+                    body = await resp.read()
+                    statuses[resp.status] += 1
+                    if resp.status != 200:
+                        failures[f"{resp.status} {body[:120]!r}"] += 1
+            except aiohttp.ClientError as e:
+                statuses[0] += 1
+                failures[f"client: {e!r}"[:160]] += 1
 
         tasks = []
-        started = time.monotonic()
         for i in range(0, n, 500):  # ramp, so connects do not overflow the listen backlog
             tasks += [asyncio.create_task(one()) for _ in range(min(500, n - i))]
             await asyncio.sleep(0.05)
+        print("sent", flush=True)
+        await asyncio.gather(*tasks)
+    print(json.dumps({"statuses": dict(statuses), "failures": dict(failures)}), flush=True)
+
+
+def rss_mb(proc: Proc) -> float:
+    for line in Path(f"/proc/{proc.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+async def held_requests(routers: list[Proc], n: int, out: Results) -> None:
+    """n requests held during one swap, spread evenly over the routers, each router's share
+    sent by a client process of its own (one process cannot have that many open files)."""
+    shares = [n // len(routers) + (i < n % len(routers)) for i in range(len(routers))]
+    rss_before = [r.peak_rss_mb() for r in routers]
+    started = time.monotonic()
+    clients = []
+    for router, share in zip(routers, shares, strict=True):
+        clients.append(await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "hold-client", "--url", router.url, "--n", str(share),
+            cwd=REPO, stdout=asyncio.subprocess.PIPE))
+    async with aiohttp.ClientSession() as session:
 
         async def all_held() -> bool:
-            return await metric(session, router, "modelpool_held_requests") >= n
+            for router, share in zip(routers, shares, strict=True):
+                if await metric(session, router, "modelpool_held_requests") < share:
+                    return False
+            return True
 
-        await until(all_held, 90, f"{n} requests held")
-        held_after = time.monotonic() - started
-        assert statuses == [], "nothing is answered before the swap"
-        swap = time.monotonic()
+        await until(all_held, 120, f"{n} requests held")
+    held_after = time.monotonic() - started
+    rss_held = [rss_mb(r) for r in routers]
+    swap = time.monotonic()
+    for router in routers:
         router.process.send_signal(signal.SIGUSR1)
-        await asyncio.gather(*tasks)
-        drained = time.monotonic() - swap
-        out.held = {
-            "n": n,
-            "ok": statuses.count(200),
-            "seconds_to_hold_all": held_after,
-            "seconds_to_answer_all": drained,
-            "rss_start_mb": rss_before,
-            "peak_rss_mb": router.peak_rss_mb(),
-            "failures": dict(failures),
-        }
+    statuses: Counter[int] = Counter()
+    failures: Counter[str] = Counter()
+    for client in clients:
+        assert client.stdout is not None
+        lines = (await client.stdout.read()).decode().split()
+        await client.wait()
+        assert lines[0] == "sent" and client.returncode == 0, (lines, client.returncode)
+        report = json.loads("".join(lines[1:]))
+        statuses.update({int(k): v for k, v in report["statuses"].items()})
+        failures.update(report["failures"])
+    drained = time.monotonic() - swap
+    out.held = {
+        "n": n,
+        "routers": len(routers),
+        "ok": statuses[200],
+        "seconds_to_hold_all": held_after,
+        "seconds_to_answer_all": drained,
+        "rss_start_mb": sum(rss_before),
+        "rss_held_mb": sum(rss_held),
+        "peak_rss_mb": sum(r.peak_rss_mb() for r in routers),
+        "failures": dict(failures),
+    }
 
 
 async def ready_to_dispatch(router: Proc, swaps: int, out: Results) -> None:
@@ -595,13 +642,18 @@ def table(out: Results) -> str:
     lines = ["| " + " | ".join(r) + " |" for r in rows]
     if out.held:
         h = out.held
+        per_held = (h["rss_held_mb"] - h["rss_start_mb"]) * 1024 / h["n"]
+        per_peak = (h["peak_rss_mb"] - h["rss_start_mb"]) * 1024 / h["n"]
+        where = "" if h["routers"] == 1 else f" over {h['routers']} router processes"
+        summed = "" if h["routers"] == 1 else ", summed"
         lines += [
             "",
-            f"held during a swap: {h['ok']}/{h['n']} answered 200 after it; all held in "
-            f"{h['seconds_to_hold_all']:.1f} s; all answered {h['seconds_to_answer_all']:.2f} s "
-            f"after the swap; router peak RSS {h['peak_rss_mb']:.0f} MB "
-            f"(idle {h['rss_start_mb']:.0f} MB; "
-            f"{(h['peak_rss_mb'] - h['rss_start_mb']) * 1024 / h['n']:.1f} KB per held request)",
+            f"held during a swap{where}: {h['ok']}/{h['n']} answered 200 after it; all held "
+            f"in {h['seconds_to_hold_all']:.1f} s; all answered "
+            f"{h['seconds_to_answer_all']:.2f} s after the swap",
+            f"router RSS{summed}: idle {h['rss_start_mb']:.0f} MB, all held "
+            f"{h['rss_held_mb']:.0f} MB ({per_held:.1f} KB per held request), peak while "
+            f"answering {h['peak_rss_mb']:.0f} MB ({per_peak:.1f} KB per held request)",
             *(f"  failed: {n} x {what}" for what, n in h["failures"].items()),
         ]
     if out.ready:
@@ -640,18 +692,25 @@ async def bench(args: argparse.Namespace) -> Results:
             common = [__file__, "fake-kube-router", "--upstream-port", str(up_port)]
             if args.only in (None, "held"):
                 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-                if args.held > hard - 1500:
+                share = -(-args.held // args.routers)
+                if share > hard - 1500:
                     raise SystemExit(
-                        f"{args.held} held requests need as many open files in the router and "
-                        "in this client, and the router up to 1,024 more to the upstream once "
-                        f"they are released; this machine allows {hard} per process (raising "
-                        "the hard limit needs CAP_SYS_RESOURCE): use --held "
-                        f"{(hard - 1500) // 1000 * 1000} or fewer")
-                held_router = await start_router(pooled, *common, "--swap", "signal", logs=logs)
-                procs.append(held_router)
-                print(f"{args.held} requests held during a swap", flush=True)
-                await held_requests(held_router, args.held, out)
-                await held_router.stop()
+                        f"{share} held requests per router need as many open files in the "
+                        "router and in its client, and the router up to 1,024 more to the "
+                        f"upstream once they are released; this machine allows {hard} per "
+                        "process (raising the hard limit needs CAP_SYS_RESOURCE): use "
+                        f"--routers {-(-args.held // (hard - 1500))} or more")
+                held_routers = []
+                for _ in range(args.routers):
+                    held_routers.append(
+                        await start_router(pooled, *common, "--swap", "signal", logs=logs))
+                    procs.append(held_routers[-1])
+                print(f"{args.held} requests held during a swap, over {args.routers} router "
+                      "processes" if args.routers > 1 else
+                      f"{args.held} requests held during a swap", flush=True)
+                await held_requests(held_routers, args.held, out)
+                for router in held_routers:
+                    await router.stop()
             if args.only in (None, "ready"):
                 ready_router = await start_router(pooled, *common, "--swap", "auto", logs=logs)
                 procs.append(ready_router)
@@ -669,6 +728,13 @@ def main() -> None:
         p.add_argument("--port", type=int, required=True)
         asyncio.run(serve_upstream(p.parse_args(sys.argv[2:]).port))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "hold-client":
+        p = argparse.ArgumentParser()
+        p.add_argument("--url", required=True)
+        p.add_argument("--n", type=int, required=True)
+        client_args = p.parse_args(sys.argv[2:])
+        asyncio.run(hold_client(client_args.url, client_args.n))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "fake-kube-router":
         fake_kube_router(sys.argv[2:])
         return
@@ -678,6 +744,10 @@ def main() -> None:
         "--only", choices=["proxy", "held", "ready"], default=None, help="run one scenario"
     )
     p.add_argument("--held", type=int, default=10_000, help="requests held during the swap")
+    p.add_argument(
+        "--routers", type=int, default=1,
+        help="router processes the held requests are spread over (each needs an open file "
+        "per held request)")
     args = p.parse_args()
     started = time.monotonic()
     load_before = os.getloadavg()[0]
