@@ -26,7 +26,8 @@ Install
     `apply_examples(kubectl, NS, EXAMPLES_TESTBED)` the variant whose gemma is a real
     llama-server and whose qwen is the fake in vLLM mode (overlays/examples-testbed).
     `remove_workloads(kubectl, NS)` deletes every ModelRouter, ModelPool and ModelServer
-    in NS and waits until their pods are gone (the GPU is free for the next test).
+    in NS and waits until the model servers' pods are gone (the GPU is free for the next
+    test; router pods drain on their own).
 
 Objects (dicts ready for `apply`)
     `fake_member(name, load_time=3.0, ...)` a ModelServer on `modelpool/fake-model`
@@ -247,12 +248,15 @@ def apply_examples(kubectl: KubectlLike, namespace: str, examples: Path = EXAMPL
 
 
 def remove_workloads(kubectl: KubectlLike, namespace: str, within: float = 60.0) -> None:
+    """Delete the namespace's pools, servers and routers and wait until the model servers'
+    pods are gone (they hold the GPUs). Router pods are not waited for: each goes on
+    serving for its shutdown delay after SIGTERM."""
     kinds = ",".join(f"{plural}.{GROUP}" for plural in ("modelrouters", "modelpools",
                                                        "modelservers"))
     kubectl("delete", kinds, "--all", "-n", namespace, "--wait=false", check=False)
-    eventually(lambda: True if not list_pods(kubectl, namespace, "app.kubernetes.io/part-of="
-                                             "modelpool") else None,
-               f"the pods of {namespace} gone", within)
+    selector = "app.kubernetes.io/part-of=modelpool,app.kubernetes.io/name!=modelpool-router"
+    eventually(lambda: True if not list_pods(kubectl, namespace, selector) else None,
+               f"the model servers' pods of {namespace} gone", within)
 
 
 def wait_reconciler_ready(

@@ -2,13 +2,17 @@
 
 Builds the settings from flags and environment, then runs, under one TaskGroup, the API
 server, the metrics and health server, the config watcher and the activator. A part that
-stops unexpectedly takes the process down. SIGTERM stops accepting, answers held requests
-503 with `Retry-After`, lets in-flight ones finish within the grace period, and exits 0.
+stops unexpectedly takes the process down. SIGTERM makes the router not ready at once and
+lets it go on serving for `--shutdown-delay` seconds, each connection closed after its
+answer, while the Service's endpoints drop the pod (a second SIGTERM or SIGINT ends the
+delay); then it stops accepting, answers held requests 503 with `Retry-After`, lets
+in-flight ones finish within the grace period, and exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -77,7 +81,7 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
     metrics.known(config)
     activation = await make_activation(config, metrics, settings)
     live = Live(config, keys)
-    stopping = asyncio.Event()
+    stopping, hurry = asyncio.Event(), asyncio.Event()
 
     def apply_config(new: RouterConfig) -> None:
         # The activator first: if it refuses the config, the routes stay as they were
@@ -98,8 +102,11 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         w.prime(w.path.read_bytes())
 
     loop = asyncio.get_running_loop()
+    def on_signal() -> None:
+        (hurry if stopping.is_set() else stopping).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(sig, on_signal)
 
     listen = settings.listen
     api = make_app(live, activation, metrics, connect_timeout=settings.connect_timeout_seconds)
@@ -137,6 +144,18 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
             )
             await stopping.wait()
 
+            if settings.shutdown_delay_seconds > 0 and not hurry.is_set():
+                # The kubelet's SIGTERM and the endpoints' update race: for a moment the
+                # Service still sends new connections here, and refusing them would fail
+                # requests a client cannot safely retry.
+                logger.info(
+                    "shutting down: not ready; accepting for %gs more while the endpoints "
+                    "drop this pod, each connection closed after its answer",
+                    settings.shutdown_delay_seconds,
+                )
+                api_server.drain()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(hurry.wait(), settings.shutdown_delay_seconds)
             logger.info("shutting down: no new connections, answering held requests")
             api_server.stop_accepting()
             await activation.shutdown(settings.shutdown_retry_after_seconds)

@@ -26,8 +26,9 @@ write the answer whole or streamed. Everything else is the router's business:
   socket buffer is full;
 - idle keep-alive connections close after `keepalive_timeout` seconds (within a quarter
   of it more: one sweep serves every connection);
-- `shutdown(grace)` closes idle connections, lets handlers finish within `grace`, then
-  cancels them.
+- `drain()` closes each connection after its answer, still accepting new ones;
+  `shutdown(grace)` stops accepting, closes idle connections, lets handlers finish within
+  `grace`, then cancels them.
 
 Errors the server answers itself (a garbled request, a body too large, a handler that
 failed before answering) are OpenAI-shaped, like every other error of the router.
@@ -648,6 +649,12 @@ class Server:
     def port(self) -> int:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
+
+    def drain(self) -> None:
+        """Go on accepting and answering, but close each connection after its answer (with
+        `Connection: close`), so that its client's next request connects anew, through a
+        Service to another replica once this one is out of its endpoints."""
+        self.stopping = True
 
     def stop_accepting(self) -> None:
         if self._server is not None:

@@ -36,6 +36,8 @@ class Settings:
     reload_interval_seconds: float = 1.0
     # What a request held at shutdown is told: retry soon, another replica will take it.
     shutdown_retry_after_seconds: float = 1.0
+    # After SIGTERM: not ready, still serving, while the Service's endpoints drop the pod.
+    shutdown_delay_seconds: float = 5.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="API port")
     p.add_argument("--metrics-port", type=int, default=9090, help="metrics and health port")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
+    p.add_argument(
+        "--shutdown-delay", type=float, default=5.0,
+        help="seconds to go on accepting after SIGTERM, not ready, each connection closed "
+        "after its answer, while the Service's endpoints drop the pod (a second SIGTERM or "
+        "SIGINT ends it)")
     p.add_argument("--shutdown-grace", type=float, default=25.0, help="seconds for in-flight")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -66,6 +73,7 @@ def from_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         ),
         kubeconfig=args.kubeconfig or environ.get("KUBECONFIG") or None,
         shutdown_grace_seconds=args.shutdown_grace,
+        shutdown_delay_seconds=args.shutdown_delay,
         pod_name=environ.get("POD_NAME") or environ.get("HOSTNAME") or socket.gethostname(),
         log_level=args.log_level,
     )

@@ -142,7 +142,18 @@ while read -r node cidr; do
     log "as root, this would add: ip route replace $cidr via $address (tests reach pods by address)"
   fi
 done < <(kubectl_ get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.spec.podCIDR}{"\n"}{end}')
-stage "routes to the pod networks"
+# And Services by their cluster IPs, as a client in the cluster reaches them: through the
+# control-plane node, whose kube-proxy picks an endpoint (and masquerades the reply's way).
+service_cidr="$(kubectl_ -n kube-system get pod -l component=kube-apiserver \
+  -o jsonpath='{.items[0].spec.containers[0].command}' \
+  | grep -o 'service-cluster-ip-range=[0-9./]*' | cut -d= -f2)"
+address="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$cluster-control-plane")"
+if [[ $(id -u) -eq 0 ]]; then
+  ip route replace "$service_cidr" via "$address"
+else
+  log "as root, this would add: ip route replace $service_cidr via $address (tests reach Services by cluster IP)"
+fi
+stage "routes to the pod networks and the Services"
 
 bash "$here/build-and-load.sh" "$cluster"
 stage "project images built and loaded"

@@ -115,9 +115,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def _spawn(
-    args: list[str], tmp_path: Path, config_path: Path
+    args: list[str], tmp_path: Path, config_path: Path, shutdown_delay: float = 0.0
 ) -> tuple[asyncio.subprocess.Process, int, int, Path]:
-    """`python -m ARGS` as a router on free ports; its output goes to router.log."""
+    """`python -m ARGS` as a router on free ports; its output goes to router.log. Its
+    SIGTERM goes straight to shutting down unless given a `shutdown_delay`."""
     port, metrics_port = free_port(HOST), free_port(HOST)
     log_path = tmp_path / "router.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELPOOL_")}
@@ -137,6 +138,8 @@ async def _spawn(
             str(metrics_port),
             "--shutdown-grace",
             "15",
+            "--shutdown-delay",
+            str(shutdown_delay),
             cwd=REPO,
             env=env,
             stdout=log,
@@ -273,6 +276,60 @@ async def test_sigterm_answers_held_with_503_and_finishes_in_flight(
     events = _events(chunks)
     assert len(events) >= 3 and events[-1] == "data: [DONE]"
     assert await asyncio.wait_for(router.process.wait(), 20) == 0, router.log()
+
+
+async def test_sigterm_goes_on_serving_for_the_delay_each_connection_closed_after_its_answer(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """While the Service's endpoints drop a terminating pod, new connections still arrive:
+    for `--shutdown-delay` the router is not ready but answers them, and every answer
+    closes its connection, so a keep-alive client reconnects (to another replica). A second
+    SIGTERM ends the delay; then no connection is accepted."""
+    upstream = FakeUpstream()
+    async with serve_app(upstream.app()) as upstream_url:
+        config_path = tmp_path / "config.json"
+        _write_atomically(config_path, _config(upstream_url))
+        process, port, metrics_port, log_path = await _spawn(
+            [STANDIN], tmp_path, config_path, shutdown_delay=600)
+        url, metrics_url = f"http://{HOST}:{port}", f"http://{HOST}:{metrics_port}"
+        try:
+            async def ready_is(status: int) -> bool:
+                assert process.returncode is None, log_path.read_text()
+                try:
+                    async with http.get(metrics_url + "/readyz") as resp:
+                        return resp.status == status
+                except aiohttp.ClientConnectionError:
+                    return False
+
+            await _until("the router serves", lambda: ready_is(200))
+            alpha = {"model": "alpha", "messages": []}
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1)
+            ) as kept:
+                async with kept.post(url + "/v1/chat/completions", json=alpha) as resp:
+                    assert resp.status == 200
+                    assert resp.headers.get("Connection", "keep-alive") != "close"
+                    await resp.read()
+                process.send_signal(signal.SIGTERM)
+                await _until("the router is not ready", lambda: ready_is(503))
+                # the connection kept from before, and then a new one
+                for _ in range(2):
+                    async with kept.post(url + "/v1/chat/completions", json=alpha) as resp:
+                        assert resp.status == 200
+                        assert resp.headers["Connection"] == "close"
+                        await resp.read()
+            assert process.returncode is None
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(process.wait(), 20) == 0, log_path.read_text()
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with aiohttp.ClientSession() as fresh:
+                    await fresh.post(url + "/v1/chat/completions", json=alpha)
+            assert "accepting for 600s more while the endpoints drop this pod" in (
+                log_path.read_text())
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
 
 
 async def test_config_reload_keeps_in_flight_stream_and_rejects_bad_config(
