@@ -8,6 +8,7 @@ A body that does not fit raises `SpecError` naming the field.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ DEFAULT_MOUNT_PATH = "/models"
 DEFAULT_SWAP_BUDGET = "300s"
 DEFAULT_ROUTER_IMAGE = "modelpool/router:0.1.0"
 DEFAULT_RESPONSE_HEADER_TIMEOUT = "600s"
+# After SIGTERM a router pod goes on accepting while kube-proxy catches up (see sidecar),
+# then gives its requests in flight the grace period; the kubelet waits for both and more.
+DEFAULT_SHUTDOWN_DELAY = "5s"
+DEFAULT_SHUTDOWN_GRACE_PERIOD = "25s"
+MAX_SHUTDOWN_SECONDS = 3600.0
+TERMINATION_MARGIN_SECONDS = 5
 DEFAULT_MAX_HELD_REQUESTS = 1000
 
 # The grammar of the CRDs' duration pattern: one or more <number><unit>, no sign.
@@ -439,6 +446,14 @@ class ProxySpec:
     max_held_requests: int = DEFAULT_MAX_HELD_REQUESTS
     api_key_secret: ApiKeySecret | None = None
     held_stream_progress: str = "Comment"
+    shutdown_delay_seconds: float = 5.0
+    shutdown_grace_period_seconds: float = 25.0
+
+    @property
+    def termination_grace_period_seconds(self) -> int:
+        """The pod's: the shutdown delay and grace period, and a margin for the exit."""
+        return math.ceil(self.shutdown_delay_seconds + self.shutdown_grace_period_seconds) + (
+            TERMINATION_MARGIN_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -516,6 +531,13 @@ class ModelRouterSpec:
             else None
         )
         progress = _enum(proxy, "heldStreamProgress", at, HELD_STREAM_PROGRESS)
+        delay = parse_duration(_str(proxy, "shutdownDelay", at, DEFAULT_SHUTDOWN_DELAY)
+                               or DEFAULT_SHUTDOWN_DELAY, f"{at}.shutdownDelay")
+        grace = _duration(proxy, "shutdownGracePeriod", at, DEFAULT_SHUTDOWN_GRACE_PERIOD)
+        assert grace is not None  # it has a default
+        for key, seconds in (("shutdownDelay", delay), ("shutdownGracePeriod", grace)):
+            if seconds > MAX_SHUTDOWN_SECONDS:
+                raise SpecError(f"{at}.{key} must be at most 1h, not {seconds:g}s")
         max_held = _int(proxy, "maxHeldRequests", at, DEFAULT_MAX_HELD_REQUESTS)
         if max_held < 1:
             raise SpecError(f"spec.proxy.maxHeldRequests must be at least 1, not {max_held}")
@@ -538,5 +560,7 @@ class ModelRouterSpec:
                 max_held_requests=max_held,
                 api_key_secret=api_key_secret,
                 held_stream_progress=progress,
+                shutdown_delay_seconds=delay,
+                shutdown_grace_period_seconds=grace,
             ),
         )

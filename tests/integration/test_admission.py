@@ -363,6 +363,21 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("spec.proxy.responseHeaderTimeout", "positive duration"),
     ),
     (
+        "router-shutdown-delay-over-an-hour",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"shutdownDelay": "1h1s"}}),
+        ("spec.proxy.shutdownDelay", "at most 1h"),
+    ),
+    (
+        "router-shutdown-delay-negative",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"shutdownDelay": "-5s"}}),
+        ("spec.proxy.shutdownDelay", "should match"),
+    ),
+    (
+        "router-shutdown-grace-zero",
+        _obj("ModelRouter", "r", {"backends": [_URL], "proxy": {"shutdownGracePeriod": "0s"}}),
+        ("spec.proxy.shutdownGracePeriod", "positive duration of at most 1h"),
+    ),
+    (
         "router-backends-missing",
         _obj("ModelRouter", "r", {"defaultRoute": "a"}),
         ("spec.backends", "Required value"),
@@ -477,6 +492,8 @@ def test_valid_objects_get_the_defaults_spec_py_assumes(
         "responseHeaderTimeout": "600s",
         "maxHeldRequests": 1000,
         "heldStreamProgress": "Comment",
+        "shutdownDelay": "5s",
+        "shutdownGracePeriod": "25s",
     }
     names = kubectl("get", "mpool,ms,mrouter", "-n", namespace, "-o", "name").stdout.split()
     assert sorted(names) == sorted(
@@ -632,6 +649,7 @@ def test_the_widest_valid_specs_are_admitted_and_render_accepted_objects(
         "backends": [{"name": "wide", "modelServerRef": {"name": "wide"}}],
         "proxy": {"tolerations": _TOLERATIONS, "nodeSelector": _NODE_SELECTOR,
                   "apiKeySecret": {"name": "router-keys", "key": "keys.txt"},
+                  "shutdownDelay": "0s", "shutdownGracePeriod": "1h",
                   "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
                                 "limits": {"cpu": 1, "memory": "+128Mi",
                                            "ephemeral-storage": "1Gi"}}},

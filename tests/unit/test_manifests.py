@@ -127,6 +127,9 @@ def test_the_cel_rules_of_the_issue_exist() -> None:
     for field in ("swapBudget", "minResidency", "maxWait", "reclaimAfter", "idleUnloadAfter"):
         assert any(p == f".spec.{field}" and "duration('0s')" in r for p, r in pool), field
     assert any(p == ".spec.proxy.responseHeaderTimeout" and "duration" in r for p, r in router)
+    for field in ("shutdownDelay", "shutdownGracePeriod"):
+        assert any(p == f".spec.proxy.{field}" and "duration('1h')" in r
+                   for p, r in router), field
     assert any(p == ".spec.port" and "65535" in r for p, r in server)
     assert any(p == ".spec.proxy.port" and "65535" in r for p, r in router)
     assert any(p == ".spec.backends[]" and "modelServerRef" in r and "url" in r for p, r in router)
@@ -160,7 +163,8 @@ def test_crd_duration_pattern_is_the_spec_grammar(text: str) -> None:
     router = _schema("modelrouters")["properties"]["spec"]["properties"]["proxy"]["properties"]
     fields = ("swapBudget", "minResidency", "maxWait", "reclaimAfter", "idleUnloadAfter")
     patterns = {pool[f]["pattern"] for f in fields}
-    patterns.add(router["responseHeaderTimeout"]["pattern"])
+    patterns |= {router[f]["pattern"] for f in
+                 ("responseHeaderTimeout", "shutdownDelay", "shutdownGracePeriod")}
     (pattern,) = patterns
     try:
         parse_duration(text)
@@ -224,6 +228,8 @@ def test_design_defaults() -> None:
     assert proxy["image"]["default"] == "modelpool/router:0.1.0"
     assert proxy["port"]["default"] == 8080
     assert proxy["responseHeaderTimeout"]["default"] == "600s"
+    assert proxy["shutdownDelay"]["default"] == "5s"
+    assert proxy["shutdownGracePeriod"]["default"] == "25s"
     assert proxy["maxHeldRequests"]["default"] == 1000
 
 

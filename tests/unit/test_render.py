@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -386,7 +387,9 @@ def test_router_deployment() -> None:
     (c,) = pod["containers"]
     assert c["name"] == "router"
     assert c["image"] == "modelpool/router:0.1.0"
-    assert c["args"] == ["--config", "/etc/modelpool/router/config.json"]
+    assert c["args"] == ["--config", "/etc/modelpool/router/config.json",
+                         "--shutdown-delay", "5", "--shutdown-grace", "25"]
+    assert pod["terminationGracePeriodSeconds"] == 35
     assert c["ports"] == [
         {"name": "http", "containerPort": 8080, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
@@ -499,6 +502,18 @@ def test_values_cannot_break_the_yaml() -> None:
     assert c["env"] == [{"name": "X", "value": "${Y} *z &w"}]
 
 
+def test_the_shutdown_delay_and_grace_period_reach_the_router_and_the_kubelet() -> None:
+    """The router's flags, and the pod's terminationGracePeriodSeconds: both and 5 s more,
+    so that the kubelet's SIGKILL never cuts a router that keeps to them."""
+    proxy = replace(CHAT.proxy, shutdown_delay_seconds=0.5, shutdown_grace_period_seconds=120)
+    objects = RENDERER.router(replace(CHAT, proxy=proxy), servers=SERVERS, pools=[POOL],
+                              owner_uid=None)
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][-4:] == ["--shutdown-delay", "0.5", "--shutdown-grace", "120"]
+    assert pod["terminationGracePeriodSeconds"] == 126
+
+
 def test_an_api_key_secret_is_mounted_and_passed_to_the_router() -> None:
     router = ModelRouterSpec.from_body(
         body(
@@ -516,6 +531,7 @@ def test_an_api_key_secret_is_mounted_and_passed_to_the_router() -> None:
     assert container["args"] == [
         "--config", "/etc/modelpool/router/config.json",
         "--api-keys-file", "/etc/modelpool/router-keys/keys",
+        "--shutdown-delay", "5", "--shutdown-grace", "25",
     ]
     assert {"name": "api-keys", "mountPath": "/etc/modelpool/router-keys", "readOnly": True} in (
         container["volumeMounts"]

@@ -258,6 +258,8 @@ def test_router_proxy_fields() -> None:
                     "port": 80,
                     "responseHeaderTimeout": "15s",
                     "maxHeldRequests": 10,
+                    "shutdownDelay": "0s",
+                    "shutdownGracePeriod": "2m",
                 },
             },
         )
@@ -266,6 +268,8 @@ def test_router_proxy_fields() -> None:
     assert (p.replicas, p.image) == (3, "reg/modelpool/router:dev")
     assert (p.port, p.max_held_requests) == (80, 10)
     assert p.response_header_timeout_seconds == 15.0
+    assert (p.shutdown_delay_seconds, p.shutdown_grace_period_seconds) == (0.0, 120.0)
+    assert p.termination_grace_period_seconds == 125
     assert dict(p.node_selector) == {"role": "edge"}
     assert p.tolerations == ({"key": "edge", "operator": "Exists"},)
     assert dict(p.resources) == {"requests": {"cpu": "100m"}}
@@ -298,6 +302,16 @@ def test_router_proxy_fields() -> None:
         (
             {"backends": _URL, "proxy": {"maxHeldRequests": 0}},
             "spec.proxy.maxHeldRequests",
+        ),
+        ({"backends": _URL, "proxy": {"shutdownDelay": "-1s"}}, "spec.proxy.shutdownDelay"),
+        ({"backends": _URL, "proxy": {"shutdownDelay": "61m"}}, "spec.proxy.shutdownDelay"),
+        (
+            {"backends": _URL, "proxy": {"shutdownGracePeriod": "0s"}},
+            "spec.proxy.shutdownGracePeriod",
+        ),
+        (
+            {"backends": _URL, "proxy": {"shutdownGracePeriod": "2h"}},
+            "spec.proxy.shutdownGracePeriod",
         ),
     ],
 )
