@@ -256,10 +256,17 @@ async def condition_when(running: Running, plural: str, name: str, type_: str,
     return await eventually(check, what, within)
 
 
-async def ready_reason(running: Running, reason: str, what: str) -> Json:
-    """The pool's Ready condition once its reason is `reason`."""
-    return await condition_when(running, "modelpools", "slot", "Ready",
-                                lambda c: c["reason"] == reason, what)
+async def ready_reason(running: Running, reason: str, what: str) -> tuple[Json, Json | None]:
+    """The pool's Ready condition once its reason is `reason`, and its Reconciling condition
+    of the same read (one status write: a later read may already show the next state)."""
+    async def check() -> tuple[Json, Json | None] | None:
+        body = await running.get("modelpools", "slot")
+        ready = condition(body, "Ready")
+        if ready is None or ready["reason"] != reason:
+            return None
+        return ready, condition(body, "Reconciling")
+
+    return await eventually(check, what)
 
 
 def _active_member(pod: Json) -> str | None:
@@ -841,12 +848,11 @@ async def test_a_member_the_scheduler_will_not_place_is_reported_with_who_holds_
 
     apply(kubectl, namespace, server("a", gpu=1), pool(["a"], default="a", budget="300s"))
 
-    ready = await ready_reason(reconciler, "Unschedulable",
-                               "the pool to say its member is unschedulable")
+    ready, reconciling = await ready_reason(reconciler, "Unschedulable",
+                                            "the pool to say its member is unschedulable")
     assert ready["status"] == "False"
     assert "Insufficient nvidia.com/gpu" in ready["message"], ready
     assert f"nvidia.com/gpu is held by {namespace}/{holder} on " in ready["message"], ready
-    reconciling = condition(await reconciler.pool(), "Reconciling")
     assert reconciling is not None and reconciling["status"] == "True"
     assert reconciling["reason"] == "Unschedulable"
     await event_seen(kubectl, namespace, "slot", f"held by {namespace}/{holder}")
@@ -871,13 +877,12 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
     member["spec"]["storage"] = {"hostPath": "/var/lib/modelpool/models"}
     apply(kubectl, namespace, member, pool(["a"], default="a", budget="300s"))
 
-    ready = await ready_reason(reconciler, "FailedCreate",
-                               "the pool to say its member's pods cannot be created")
+    ready, reconciling = await ready_reason(
+        reconciler, "FailedCreate", "the pool to say its member's pods cannot be created")
     assert ready["status"] == "False"
     assert ready["message"].startswith("a cannot be created: "), ready
     assert 'violates PodSecurity "restricted' in ready["message"], ready
     assert "hostPath" in ready["message"], ready
-    reconciling = condition(await reconciler.pool(), "Reconciling")
     assert reconciling is not None and reconciling["status"] == "True"
     assert reconciling["reason"] == "FailedCreate"
     await event_seen(kubectl, namespace, "slot", "FailedCreate")
@@ -1001,7 +1006,8 @@ async def test_a_member_that_crashes_on_start_is_reported_with_how_it_ended(
     broken["spec"]["env"] = [{"name": "FAKE_MODEL_LOAD_TIME", "value": "never"}]
     apply(kubectl, namespace, broken, pool(["a"], default="a", budget="300s"))
 
-    ready = await ready_reason(reconciler, "CrashLoopBackOff", "the pool to say its member crashes")
+    ready, _ = await ready_reason(reconciler, "CrashLoopBackOff",
+                                  "the pool to say its member crashes")
     assert ready["status"] == "False"
     assert ready["message"].startswith("a is not starting: container "), ready
     assert "exited 2, Error)" in ready["message"], ready  # a bad setting exits 2
