@@ -297,10 +297,16 @@ class Proc:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def peak_rss_mb(self) -> float:
+        return self._status_mb("VmHWM")
+
+    def rss_mb(self) -> float:
+        return self._status_mb("VmRSS")
+
+    def _status_mb(self, key: str) -> float:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmHWM")
+        raise RuntimeError(f"no {key}")
 
     async def stop(self) -> None:
         if self.process.returncode is None:
@@ -555,13 +561,6 @@ async def hold_client(url: str, n: int) -> None:
     print(json.dumps({"statuses": dict(statuses), "failures": dict(failures)}), flush=True)
 
 
-def rss_mb(proc: Proc) -> float:
-    for line in Path(f"/proc/{proc.process.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
 async def held_requests(routers: list[Proc], n: int, out: Results) -> None:
     """n requests held during one swap, spread evenly over the routers, each router's share
     sent by a client process of its own (one process cannot have that many open files)."""
@@ -583,7 +582,7 @@ async def held_requests(routers: list[Proc], n: int, out: Results) -> None:
 
         await until(all_held, 120, f"{n} requests held")
     held_after = time.monotonic() - started
-    rss_held = [rss_mb(r) for r in routers]
+    rss_held = [r.rss_mb() for r in routers]
     swap = time.monotonic()
     for router in routers:
         router.process.send_signal(signal.SIGUSR1)
@@ -591,10 +590,10 @@ async def held_requests(routers: list[Proc], n: int, out: Results) -> None:
     failures: Counter[str] = Counter()
     for client in clients:
         assert client.stdout is not None
-        lines = (await client.stdout.read()).decode().split()
+        lines = (await client.stdout.read()).decode().splitlines()
         await client.wait()
         assert lines[0] == "sent" and client.returncode == 0, (lines, client.returncode)
-        report = json.loads("".join(lines[1:]))
+        report = json.loads(lines[-1])
         statuses.update({int(k): v for k, v in report["statuses"].items()})
         failures.update(report["failures"])
     drained = time.monotonic() - swap

@@ -119,12 +119,14 @@ def _port(body: Mapping[str, Any], key: str, where: str) -> int:
     return port
 
 
-def _duration(body: Mapping[str, Any], key: str, where: str, default: str | None) -> float | None:
+def _duration(body: Mapping[str, Any], key: str, where: str, default: str | None,
+              *, zero: bool = False) -> float | None:
+    """Seconds of a positive duration (or 0 too, with `zero`)."""
     text = _str(body, key, where, default)
     if text is None:
         return None
     seconds = parse_duration(text, _at(where, key))
-    if seconds <= 0:
+    if seconds <= 0 and not (zero and seconds == 0):
         raise SpecError(f"{where}.{key} must be a positive duration, not {text!r}")
     return seconds
 
@@ -531,10 +533,9 @@ class ModelRouterSpec:
             else None
         )
         progress = _enum(proxy, "heldStreamProgress", at, HELD_STREAM_PROGRESS)
-        delay = parse_duration(_str(proxy, "shutdownDelay", at, DEFAULT_SHUTDOWN_DELAY)
-                               or DEFAULT_SHUTDOWN_DELAY, f"{at}.shutdownDelay")
+        delay = _duration(proxy, "shutdownDelay", at, DEFAULT_SHUTDOWN_DELAY, zero=True)
         grace = _duration(proxy, "shutdownGracePeriod", at, DEFAULT_SHUTDOWN_GRACE_PERIOD)
-        assert grace is not None  # it has a default
+        assert delay is not None and grace is not None  # they have defaults
         for key, seconds in (("shutdownDelay", delay), ("shutdownGracePeriod", grace)):
             if seconds > MAX_SHUTDOWN_SECONDS:
                 raise SpecError(f"{at}.{key} must be at most 1h, not {seconds:g}s")

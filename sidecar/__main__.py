@@ -102,6 +102,7 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         w.prime(w.path.read_bytes())
 
     loop = asyncio.get_running_loop()
+
     def on_signal() -> None:
         (hurry if stopping.is_set() else stopping).set()
 

@@ -27,6 +27,8 @@ class Settings:
     listen: ListenSettings
     kubeconfig: str | None
     shutdown_grace_seconds: float
+    # After SIGTERM: not ready, still serving, while the Service's endpoints drop the pod.
+    shutdown_delay_seconds: float
     # Who this router is in `status.request.requestedBy`: namespace/router/pod.
     pod_name: str
     log_level: str = "INFO"
@@ -36,8 +38,6 @@ class Settings:
     reload_interval_seconds: float = 1.0
     # What a request held at shutdown is told: retry soon, another replica will take it.
     shutdown_retry_after_seconds: float = 1.0
-    # After SIGTERM: not ready, still serving, while the Service's endpoints drop the pod.
-    shutdown_delay_seconds: float = 5.0
 
 
 def parser() -> argparse.ArgumentParser:
