@@ -13,8 +13,14 @@ its RSS at the end of the run and at peak (VmHWM). Rounds alternate the order.
 nginx is Debian's (`apt-get install nginx`), one worker, `proxy_buffering off` as an SSE
 proxy is configured.
 
+With `--pin` the proxies (nginx's worker, the router) run on one CPU and the load (the
+upstream and the client) on the others, so that a proxy's added delay is its own and not
+its wait for a core the load generator holds, as when the router has a CPU of its own in
+its pod. Without it every process shares every CPU.
+
     .venv/bin/python benchmarks/bench_streams.py                  # 1,000 streams, 30 s, 1 round
     .venv/bin/python benchmarks/bench_streams.py --streams 200 --seconds 10 --rounds 2
+    .venv/bin/python benchmarks/bench_streams.py --pin            # proxies on a CPU of their own
 """
 
 from __future__ import annotations
@@ -59,6 +65,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
+def cpu_sets(pin: bool) -> tuple[list[str], list[str]]:
+    """The `taskset` prefixes of (the proxies, the load): empty unless pinning."""
+    if not pin:
+        return [], []
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs at least")
+    if shutil.which("taskset") is None:
+        raise SystemExit("missing: taskset (apt-get install util-linux)")
+    load = ",".join(str(c) for c in cpus[:-1])
+    return ["taskset", "-c", str(cpus[-1])], ["taskset", "-c", load]
+
+
 def memory_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) in MB."""
     values = {}
@@ -83,7 +102,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="how long each stream lasts")
     parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pin", action="store_true",
+                        help="the proxies on the last CPU, the upstream and client on the others")
     args = parser.parse_args()
+    proxy_cpu, load_cpus = cpu_sets(args.pin)
     if shutil.which("nginx") is None:
         raise SystemExit("missing: nginx (apt-get install nginx)")
     streamload = build_streamload()
@@ -101,12 +123,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
         work = Path(tmp)
         upstream = bench_router.free_port()
-        spawn([str(streamload), "upstream", "-listen", f"{HOST}:{upstream}",
+        spawn([*load_cpus, str(streamload), "upstream", "-listen", f"{HOST}:{upstream}",
                "-interval", f"{args.interval_ms}ms", "-duration", f"{args.seconds}s"],
               upstream, "upstream")
         urls = {"direct": f"http://{HOST}:{upstream}"}
         port = bench_router.free_port()
-        nginx = spawn(["nginx", "-c", str(nginx_sse_conf(work, port, upstream))], port, "nginx")
+        nginx = spawn([*proxy_cpu, "nginx", "-c", str(nginx_sse_conf(work, port, upstream))],
+                      port, "nginx")
         urls["nginx"] = f"http://{HOST}:{port}"
         # nginx's master forks the one worker that does the work
         deadline = time.monotonic() + 10.0
@@ -117,8 +140,8 @@ def main() -> int:
         config = work / "router.json"
         bench_router.write_config(config, upstream, pooled=False)
         port, metrics = bench_router.free_port(), bench_router.free_port()
-        router = spawn([sys.executable, "-m", "sidecar", "--config", str(config), "--port",
-                        str(port), "--metrics-port", str(metrics)], port, "router",
+        router = spawn([*proxy_cpu, sys.executable, "-m", "sidecar", "--config", str(config),
+                        "--port", str(port), "--metrics-port", str(metrics)], port, "router",
                        cwd=str(REPO),
                        env={**os.environ, "PYTHONPATH": str(REPO),
                             "MODELPOOL_LOG_LEVEL": "warning"})
@@ -133,8 +156,8 @@ def main() -> int:
                     pid = pids.get(name)
                     cpu_before = cpu_seconds(pid) if pid else 0.0
                     out = subprocess.run(
-                        [str(streamload), "client", "-url", f"{base}/v1/chat/completions",
-                         "-streams", str(args.streams)],
+                        [*load_cpus, str(streamload), "client",
+                         "-url", f"{base}/v1/chat/completions", "-streams", str(args.streams)],
                         capture_output=True, text=True, check=True,
                         timeout=args.seconds + 120).stdout
                     figures = json.loads(out)
@@ -154,7 +177,8 @@ def main() -> int:
     chunks_expected = args.streams * args.seconds * 1000 / args.interval_ms
     print(f"{args.streams} streams, a chunk every {args.interval_ms:g} ms for {args.seconds:g} s "
           f"(about {chunks_expected:,.0f} chunks per run), {args.rounds} round(s), "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}"
+          + (f", proxies on CPU {proxy_cpu[-1]}, load on CPU {load_cpus[-1]}" if args.pin else ""))
     print("| path | streams done | chunk delay p50 | p99 | added p50 | added p99 | "
           "CPU per chunk | RSS end / peak |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -41,9 +41,9 @@ __all__ = [
     "RenderError",
     "Renderer",
     "config_map_name",
-    "router_needs_rbac",
     "router_object_name",
     "router_selector",
+    "router_watches_servers",
     "server_selector",
 ]
 
@@ -88,12 +88,10 @@ _SERVER_TEMPLATES = (
 )
 _PREWARM_TEMPLATE = "model-server/prewarm-pod.yaml.j2"
 LABEL_PREWARM = "modelpool.dev/prewarm-for"
-_ROUTER_RBAC_TEMPLATES = (
+_ROUTER_TEMPLATES = (
     "router/serviceaccount.yaml.j2",
     "router/role.yaml.j2",
     "router/rolebinding.yaml.j2",
-)
-_ROUTER_TEMPLATES = (
     "router/configmap.yaml.j2",
     "router/deployment.yaml.j2",
     "router/service.yaml.j2",
@@ -118,10 +116,10 @@ def router_selector(router: str) -> dict[str, str]:
     return {LABEL_ROUTER: router}
 
 
-def router_needs_rbac(router: ModelRouterSpec) -> bool:
-    """A router that refers to a ModelServer watches EndpointSlices (and, for pooled
-    members, writes pool requests), so it gets a ServiceAccount, Role and RoleBinding; a
-    router of plain URLs gets none and runs without an API token."""
+def router_watches_servers(router: ModelRouterSpec) -> bool:
+    """A router that refers to a ModelServer watches EndpointSlices and the pool kinds
+    (and, for pooled members, writes pool requests), and its Role grants that; a router of
+    plain URLs may only read its own ConfigMap, as every router does."""
     return bool(router.model_server_refs)
 
 
@@ -182,8 +180,7 @@ class Renderer:
             auto_reload=False,
         )
         self._env.filters["json"] = json.dumps
-        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, _PREWARM_TEMPLATE, *_ROUTER_RBAC_TEMPLATES,
-                 *_ROUTER_TEMPLATES)
+        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, _PREWARM_TEMPLATE, *_ROUTER_TEMPLATES)
         self._templates = {name: self._env.get_template(name) for name in names}
 
     def _render(self, names: Sequence[str], context: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -282,12 +279,12 @@ class Renderer:
         pools: Sequence[ModelPoolSpec],
         owner_uid: str | None,
     ) -> list[dict[str, Any]]:
-        """The router's objects: ServiceAccount, Role and RoleBinding (only when
-        `router_needs_rbac`), ConfigMap, Deployment and Service. `servers` maps the
-        namespace's ModelServer names to specs and `pools` are its ModelPools; a backend
-        naming a missing ModelServer, or a member in two pools, raises RenderError."""
+        """The router's objects: ServiceAccount, Role (its rules per
+        `router_watches_servers`), RoleBinding, ConfigMap, Deployment and Service.
+        `servers` maps the namespace's ModelServer names to specs and `pools` are its
+        ModelPools; a backend naming a missing ModelServer, or a member in two pools,
+        raises RenderError."""
         config_text = config_json(router_config(router, servers, pools))
-        rbac = router_needs_rbac(router)
         context = {
             "router": router,
             "name": router_object_name(router.name),
@@ -300,7 +297,7 @@ class Renderer:
             "config_hash_annotation": CONFIG_HASH_ANNOTATION,
             "http_port": ROUTER_HTTP_PORT,
             "metrics_port": ROUTER_METRICS_PORT,
-            "rbac": rbac,
+            "watches_servers": router_watches_servers(router),
             "labels": {
                 "app.kubernetes.io/name": "modelpool-router",
                 "app.kubernetes.io/instance": router.name,
@@ -311,5 +308,4 @@ class Renderer:
             "selector": router_selector(router.name),
             "owner": _owner("ModelRouter", router.name, owner_uid),
         }
-        names = (*_ROUTER_RBAC_TEMPLATES, *_ROUTER_TEMPLATES) if rbac else _ROUTER_TEMPLATES
-        return self._render(names, context)
+        return self._render(_ROUTER_TEMPLATES, context)

@@ -1,7 +1,8 @@
 """Entry point of the router: `python -m sidecar` / `modelpool-router`.
 
 Builds the settings from flags and environment, then runs, under one TaskGroup, the API
-server, the metrics and health server, the config watcher and the activator. A part that
+server, the metrics and health server, the config watchers (the router's ConfigMap through
+the API with `--config-map`, else the config file; the API keys file) and the activator. A part that
 stops unexpectedly takes the process down. SIGTERM makes the router not ready at once and
 lets it go on serving for `--shutdown-delay` seconds, each connection closed after its
 answer, while the Service's endpoints drop the pod (a second SIGTERM or SIGINT ends the
@@ -30,7 +31,7 @@ from sidecar.app import Activation, Live, make_app
 from sidecar.auth import ApiKeys, load_keys, parse_keys
 from sidecar.config import ConfigError, RouterConfig, load_config, parse_config
 from sidecar.metrics import RouterMetrics
-from sidecar.reload import WatchedFile, watch
+from sidecar.reload import WatchedFile, follow, watch
 from sidecar.settings import Settings, from_args
 from telemetry.health import make_health_app
 from telemetry.logs import configure_logging
@@ -93,13 +94,19 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
     def apply_keys(new: ApiKeys) -> None:
         live.keys = new
 
-    watched: list[WatchedFile[Any]] = [
-        WatchedFile(settings.config_path, config_from_bytes, apply_config)
-    ]
+    config_file = WatchedFile(settings.config_path, config_from_bytes, apply_config)
+    watched: list[WatchedFile[Any]] = [config_file]
     if settings.api_keys_file is not None:
         watched.append(WatchedFile(settings.api_keys_file, keys_from_bytes, apply_keys))
     for w in watched:
         w.prime(w.path.read_bytes())
+    config_map: tuple[kube.KubeClient, str] | None = None
+    if settings.config_map:
+        # The API is the config's source after start: the mounted file lags it, and
+        # polling both could apply an older config over a newer one.
+        watched.remove(config_file)
+        config_file.label = f"ConfigMap {config.namespace}/{settings.config_map}"
+        config_map = (await kube.connect(settings.kubeconfig), settings.config_map)
 
     loop = asyncio.get_running_loop()
 
@@ -131,6 +138,13 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
                     )
                 ),
             ]
+            if config_map is not None:
+                events = config_map[0].watch_config_map(config.namespace, config_map[1])
+                background.append(tg.create_task(_supervised(
+                    "ConfigMap watcher",
+                    follow(events, settings.config_path.name, config_file),
+                    stopping,
+                )))
             # Thousands of clients may connect at once (held during a swap).
             await api_server.start(listen.host, listen.port, backlog=API_BACKLOG)
             await health.setup()

@@ -3,8 +3,10 @@
 It implements `sidecar.activation.KubePort`: it reads and watches the namespace's
 ModelPools and EndpointSlices (list, then watch from the list's version, resume after a
 dropped connection, list again after 410 Gone), and writes a pool's `status.request` by
-JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. It also creates
-the core/v1 Events that `sidecar.events` decides on (`sidecar.activation.EventPort`).
+JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. It watches the
+router's own ConfigMap the same way, so a new config applies as soon as it is written.
+It also creates the core/v1 Events that `sidecar.events` decides on
+(`sidecar.activation.EventPort`).
 kr8s and httpx errors are translated here, once, into `KubeError` and `Conflict`.
 """
 
@@ -31,6 +33,7 @@ from sidecar.activator import (
 )
 from sidecar.endpoints import Endpoint, EndpointSlice
 from sidecar.events import Post
+from sidecar.reload import ConfigData
 from telemetry.watch import watch_params
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ EVENT_API = "v1"
 REPORTING_COMPONENT = "modelpool.dev/router"
 SLICE_API = "discovery.k8s.io/v1"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+CORE_API = "v1"
 _REQUEST_TIMEOUT = 15.0
 _WATCH_SECONDS = 290  # the server ends each watch; we resume from the last version
 _BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -49,11 +53,13 @@ T = TypeVar("T")
 Body = dict[str, Any]
 
 __all__ = [
+    "ConfigData",
     "Conflict",
     "KubeClient",
     "KubeError",
     "connect",
     "event_body",
+    "parse_config_map",
     "parse_pool",
     "parse_slice",
 ]
@@ -170,6 +176,15 @@ class KubeClient:
         )
         return items
 
+    # --- the router's own ConfigMap ---
+
+    def watch_config_map(self, namespace: str, name: str) -> AsyncIterator[WatchEvent[ConfigData]]:
+        """The ConfigMap `name` alone (a field selector: the Role grants it by name)."""
+        return self._watch(
+            CORE_API, namespace, "configmaps", parse_config_map,
+            field_selector=f"metadata.name={name}",
+        )
+
     # --- plumbing ---
 
     async def _json(
@@ -198,8 +213,11 @@ class KubeClient:
         plural: str,
         parse: Callable[[Body], T],
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> tuple[list[T], str]:
         params = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
         body = await self._json("GET", version, namespace, plural, params=params)
         items = [parse(item) for item in body.get("items") or ()]
         return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
@@ -211,6 +229,7 @@ class KubeClient:
         plural: str,
         parse: Callable[[Body], T],
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> AsyncIterator[WatchEvent[T]]:
         """List, then watch from the list's version; on a dropped stream resume from the last
         version seen; on 410 Gone list again. Never ends on its own."""
@@ -220,11 +239,14 @@ class KubeClient:
             try:
                 if resource_version is None:
                     items, resource_version = await self._list(
-                        version, namespace, plural, parse, label_selector
+                        version, namespace, plural, parse, label_selector, field_selector
                     )
                     yield Listed(tuple(items))
                 params = watch_params(
-                    resource_version, _WATCH_SECONDS, label_selector=label_selector
+                    resource_version,
+                    _WATCH_SECONDS,
+                    label_selector=label_selector,
+                    field_selector=field_selector,
                 )
                 async with self._api.call_api(
                     "GET",
@@ -416,6 +438,16 @@ def _last_swap(raw: Any) -> LastSwap | None:
         float(duration) if isinstance(duration, int | float) else None,
         raw.get("reason"),
         raw.get("message"),
+    )
+
+
+def parse_config_map(obj: Body) -> ConfigData:
+    meta = obj.get("metadata") or {}
+    data = obj.get("data") or {}
+    return ConfigData(
+        str(meta.get("name", "")),
+        {str(k): v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict)
+        else {},
     )
 
 

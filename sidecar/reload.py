@@ -1,10 +1,17 @@
-"""Reload the router config and API keys when their files change.
+"""Reload the router config and API keys when they change.
 
-The kubelet and the local node agent replace a mounted ConfigMap or Secret atomically
-(a new directory and a symlink swap), so inotify on the file would miss it; the content
-is hashed every interval instead. A new config that does not parse keeps the old one and
-logs an error once. Nothing here touches requests: the caller applies the new config
-(routes, then `activation.update_config`), and held or in-flight requests keep going.
+In a cluster the config comes from the router's ConfigMap through the API (`follow`): a
+watch sees a new config within milliseconds of the reconciler's write, where the kubelet
+refreshes a mounted ConfigMap only on its next sync of the pod, up to a minute or more
+later. The mounted file is the config at start, and the only source where the router runs
+without the API (`--config` alone).
+
+Files are polled: the kubelet and the local node agent replace a mounted ConfigMap or
+Secret atomically (a new directory and a symlink swap), so inotify on the file would miss
+it; the content is hashed every interval instead. A new config that does not parse keeps
+the old one and logs an error once. Nothing here touches requests: the caller applies the
+new config (routes, then `activation.update_config`), and held or in-flight requests keep
+going.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+
+from sidecar.activation import Deleted, Listed, WatchEvent
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +39,12 @@ class WatchedFile(Generic[V]):
     parse: Callable[[bytes], V]
     apply: Callable[[V], None]
     last_digest: bytes | None = None
+    # What the logs call it, when its content comes from elsewhere than `path`.
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or str(self.path)
 
     def prime(self, content: bytes) -> None:
         """Remember `content` as already applied (it was loaded at start)."""
@@ -46,10 +61,10 @@ class WatchedFile(Generic[V]):
         try:
             value = self.parse(content)
         except Exception as e:
-            logger.error("keeping the previous %s: the new one is invalid: %s", self.path, e)
+            logger.error("keeping the previous %s: the new one is invalid: %s", self.name, e)
             return False
         self.apply(value)
-        logger.info("reloaded %s", self.path)
+        logger.info("reloaded %s", self.name)
         return True
 
 
@@ -68,3 +83,33 @@ async def watch(files: Sequence[WatchedFile[Any]], interval: float = 1.0) -> Non
         await asyncio.sleep(interval)
         for watched in files:
             watched.check(await asyncio.to_thread(read, watched.path))
+
+
+@dataclass(frozen=True)
+class ConfigData:
+    """A ConfigMap as the router reads it: its name and its `data`."""
+
+    name: str
+    data: dict[str, str]
+
+
+async def follow(
+    events: AsyncIterator[WatchEvent[ConfigData]], key: str, watched: WatchedFile[Any]
+) -> None:
+    """Apply `key` of the ConfigMap that `events` watch whenever it changes. A ConfigMap
+    deleted, or without the key, keeps the config in force (the reconciler writes it
+    again). Ends only when `events` does, which a watch never does."""
+    async for event in events:
+        if isinstance(event, Deleted):
+            logger.warning("ConfigMap %s deleted: keeping the current config", event.name)
+            continue
+        items = event.items if isinstance(event, Listed) else (event.item,)
+        if not items:
+            logger.warning("ConfigMap for %s not found: keeping the current config", watched.name)
+        for item in items:
+            content = item.data.get(key)
+            if content is None:
+                logger.warning("ConfigMap %s has no key %s: keeping the current config",
+                               item.name, key)
+                continue
+            watched.check(content.encode())

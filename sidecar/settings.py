@@ -23,6 +23,8 @@ class ListenSettings:
 @dataclass(frozen=True)
 class Settings:
     config_path: Path
+    # The ConfigMap `config_path` is mounted from: followed through the API when set.
+    config_map: str | None
     api_keys_file: Path | None
     listen: ListenSettings
     kubeconfig: str | None
@@ -46,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible router that activates pooled models on demand.",
     )
     p.add_argument("--config", required=True, type=Path, help="router config JSON")
+    p.add_argument(
+        "--config-map", default=None,
+        help="the ConfigMap (in the config's namespace) that --config is mounted from: "
+        "watched through the API, its key named as the file, so a new config applies at "
+        "once rather than when the kubelet next refreshes the file")
     p.add_argument("--api-keys-file", type=Path, default=None, help="one API key per line")
     p.add_argument("--host", default="0.0.0.0", help="bind address (MODELPOOL_BIND_HOST wins)")
     p.add_argument("--port", type=int, default=8080, help="API port")
@@ -65,6 +72,7 @@ def from_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     args = parser().parse_args(argv)
     return Settings(
         config_path=args.config,
+        config_map=args.config_map or None,
         api_keys_file=args.api_keys_file,
         listen=ListenSettings(
             host=environ.get("MODELPOOL_BIND_HOST") or args.host,

@@ -335,9 +335,11 @@ def test_a_backend_falls_through_to_a_member_that_is_loaded_instead_of_waiting(
                 model="b", messages=MESSAGES, max_tokens=2)
             return True if raw.headers["x-modelpool-backend"] == "b" else None
 
-        # Once the router has reloaded the config (until then Never sends b to small): a
-        # is idle, so b is held through its own swap and answered by b itself.
-        harness.eventually(served_by_b, "b held and served by b once IfIdle is loaded", 120)
+        # Once the router has the new config, which it follows through the API within a
+        # second (until then Never sends b to small; the kubelet alone would refresh the
+        # mounted file up to a minute or more later): a is idle, so b is held through its
+        # own swap and answered by b itself.
+        harness.eventually(served_by_b, "b held and served by b once IfIdle is loaded", 30)
         harness.wait_pool_ready(kubectl, namespace, POOL, resident="b", within=30)
 
         # b streams: a request for a (IfIdle) cannot start its swap at once, so small answers
@@ -562,7 +564,11 @@ def test_the_router_token_cannot_patch_a_model_server_or_read_a_secret(
     # What it must be able to do, so that the refusals below are RBAC's and not a bad token.
     assert can_i("patch", "modelpools.modelpool.dev", "--subresource=status") == "yes"
     assert can_i("watch", "endpointslices.discovery.k8s.io") == "yes"
+    config_map = f"{ROUTER}-config"  # its own config, which it follows through the API
+    assert can_i("watch", f"configmaps/{config_map}") == "yes"
     # What it must not.
+    assert can_i("get", "configmaps/another-config") == "no"
+    assert can_i("list", "configmaps") == "no"
     assert can_i("patch", "modelservers.modelpool.dev") == "no"
     assert can_i("patch", "modelpools.modelpool.dev") == "no"
     assert can_i("get", "secrets") == "no"

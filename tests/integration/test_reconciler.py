@@ -688,7 +688,7 @@ async def _resident(running: Running, pool_name: str, member: str) -> bool | Non
         else None
 
 
-async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what_it_renders(
+async def test_a_router_that_refers_to_no_server_keeps_only_its_config_and_owns_what_it_renders(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:
     apply(kubectl, namespace, server("a"), router(["a"]))
@@ -717,12 +717,11 @@ async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what
     apply(kubectl, namespace, external)
 
     async def pruned() -> bool | None:
-        for kind in ("role", "rolebinding", "serviceaccount"):
-            if kubectl("get", kind, "chat-router", "-n", namespace, check=False).returncode == 0:
-                return None
-        return True
+        rules = kubectl.json("get", "role", "chat-router", "-n", namespace)["rules"]
+        # the router still reads its own ConfigMap, and nothing else
+        return True if [r["resources"] for r in rules] == [["configmaps"]] else None
 
-    await eventually(pruned, "the router's RBAC pruned", 30)
+    await eventually(pruned, "the router's Role cut to its ConfigMap", 30)
     assert kubectl("get", "deployment", "chat-router", "-n", namespace,
                    check=False).returncode == 0
     # deleting the router removes all it owned (garbage collection follows the owners)
@@ -730,7 +729,8 @@ async def test_a_router_loses_its_rbac_when_it_refers_to_no_server_and_owns_what
 
     async def collected() -> bool | None:
         for kind, name in (("deployment", "chat-router"), ("service", "chat-router"),
-                           ("configmap", "chat-config")):
+                           ("configmap", "chat-config"), ("role", "chat-router"),
+                           ("rolebinding", "chat-router"), ("serviceaccount", "chat-router")):
             if kubectl("get", kind, name, "-n", namespace, check=False).returncode == 0:
                 return None
         return True

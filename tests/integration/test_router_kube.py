@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kr8s.asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from e2e.fake_model.harness import free_port
 from e2e.harness import wait_established
 from e2e.local.fixtures import Kubectl
 from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
@@ -27,6 +31,7 @@ from sidecar.activator import PoolRequest, PoolStatus, WriteRequest
 from sidecar.config import RouterConfig, parse_config
 from sidecar.kube import KubeClient, connect
 from sidecar.metrics import RouterMetrics
+from tests.functional.proxy_support import config_json, url_backend
 
 pytestmark = pytest.mark.integration
 
@@ -338,3 +343,74 @@ async def test_connect_from_a_kubeconfig(kubeconfig: Path, namespace: str, pool:
         assert await client.get_pool(namespace, "missing") is None
     finally:
         await client.close()
+
+
+# --- the router follows its ConfigMap through the API ----------------------------------
+
+
+async def test_the_router_applies_its_config_map_as_written_not_when_the_file_changes(
+    kubeconfig: Path, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """The router process reads its config file at start, then follows the ConfigMap it
+    names through the API: a new config applies without the file changing (the kubelet
+    refreshes a mounted ConfigMap up to a minute or more later); a broken one is refused
+    and the last good one kept; so is a ConfigMap deleted."""
+
+    def config(*names: str) -> str:
+        return json.dumps(config_json(
+            [url_backend(n, "http://127.0.0.1:9") for n in names],
+            router={"namespace": namespace, "name": "edge"}))
+
+    def config_map(content: str) -> str:
+        return json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "edge-config", "namespace": namespace},
+                           "data": {"config.json": content}})
+
+    kubectl("apply", "-f", "-", input=config_map(config("alpha")))
+    # another router's, beside it: a router follows its own alone
+    kubectl("create", "configmap", "other-config", "-n", namespace,
+            f"--from-literal=config.json={config('zeta')}")
+    path = tmp_path / "config.json"
+    path.write_text(config("alpha"))
+    port, metrics_port = free_port(), free_port()
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", "--config", str(path), "--config-map", "edge-config",
+            "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", str(metrics_port), "--shutdown-delay", "0",
+            cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("MODELPOOL_")},
+            stdout=out, stderr=out)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def models() -> set[str] | None:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/v1/models") as r:
+                        return {m["id"] for m in (await r.json())["data"]}
+                except aiohttp.ClientConnectionError:
+                    assert process.returncode is None, log.read_text()
+                    return None
+
+            async def lists(*names: str) -> bool:
+                return await models() == set(names)
+
+            await eventually(lambda: lists("alpha"), 30)
+            kubectl("apply", "-f", "-", input=config_map(config("alpha", "beta")))
+            await eventually(lambda: lists("alpha", "beta"), 10)
+            assert path.read_text() == config("alpha")  # the file never changed
+
+            kubectl("apply", "-f", "-", input=config_map('{"router": '))
+            await eventually(lambda: asyncio.to_thread(
+                lambda: "keeping the previous ConfigMap" in log.read_text()), 10)
+            assert await models() == {"alpha", "beta"}
+            kubectl("delete", "configmap", "edge-config", "-n", namespace)
+            await eventually(lambda: asyncio.to_thread(
+                lambda: "ConfigMap edge-config deleted" in log.read_text()), 10)
+            kubectl("apply", "-f", "-", input=config_map(config("gamma")))
+            await eventually(lambda: lists("gamma"), 10)
+            assert process.returncode is None
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        assert await process.wait() == 0, log.read_text()

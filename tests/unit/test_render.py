@@ -25,7 +25,7 @@ from reconciler.render import (
     SERVER_KINDS,
     Renderer,
     RenderError,
-    router_needs_rbac,
+    router_watches_servers,
 )
 from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
 from tests.unit.test_render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
@@ -303,6 +303,9 @@ def test_the_restricted_check_catches_a_hostpath() -> None:
 # --- the router ---------------------------------------------------------------------------
 
 ROUTER_RIGHTS = {
+    ("", "configmaps", "get"),  # its own only: resourceNames
+    ("", "configmaps", "list"),
+    ("", "configmaps", "watch"),
     ("modelpool.dev", "modelservers", "get"),
     ("modelpool.dev", "modelservers", "list"),
     ("modelpool.dev", "modelservers", "watch"),
@@ -324,9 +327,11 @@ ROUTER_RIGHTS = {
 
 
 def _rights(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every rule; a rule limited to named objects counts as
+    its resource (the rule's names are checked apart)."""
     out = set()
     for rule in rules:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        assert "nonResourceURLs" not in rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
@@ -339,6 +344,8 @@ def test_router_role_grants_exactly_the_design_rights() -> None:
     role = _one(objects, "Role")
     assert _rights(role["rules"]) == ROUTER_RIGHTS
     assert not any("*" in r for rule in role["rules"] for r in rule["verbs"] + rule["resources"])
+    named = {r["resources"][0]: r["resourceNames"] for r in role["rules"] if "resourceNames" in r}
+    assert named == {"configmaps": [_one(objects, "ConfigMap")["metadata"]["name"]]}
 
 
 def test_reconciler_holds_every_right_it_grants_the_router() -> None:
@@ -367,14 +374,21 @@ def test_router_objects_and_binding() -> None:
     assert pod["serviceAccountName"] == "chat-router"
 
 
-def test_router_of_urls_gets_no_rbac_and_no_token() -> None:
-    assert not router_needs_rbac(EDGE)
-    assert router_needs_rbac(CHAT)
+def test_router_of_urls_may_read_its_own_config_map_and_nothing_else() -> None:
+    assert not router_watches_servers(EDGE)
+    assert router_watches_servers(CHAT)
     objects = RENDERER.router(EDGE, servers={}, pools=[], owner_uid=None)
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(o["kind"] for o in objects) == [
+        "ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    config_map = _one(objects, "ConfigMap")["metadata"]["name"]
+    assert _one(objects, "Role")["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [config_map],
+         "verbs": ["get", "list", "watch"]}
+    ]
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
-    assert "serviceAccountName" not in pod
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == _one(objects, "ServiceAccount")["metadata"]["name"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--config-map") + 1] == config_map
 
 
 def test_router_deployment() -> None:
@@ -388,6 +402,7 @@ def test_router_deployment() -> None:
     assert c["name"] == "router"
     assert c["image"] == "modelpool/router:0.1.0"
     assert c["args"] == ["--config", "/etc/modelpool/router/config.json",
+                         "--config-map", "chat-config",
                          "--shutdown-delay", "5", "--shutdown-grace", "25"]
     assert pod["terminationGracePeriodSeconds"] == 35
     assert c["ports"] == [
@@ -529,7 +544,7 @@ def test_an_api_key_secret_is_mounted_and_passed_to_the_router() -> None:
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"] == [
-        "--config", "/etc/modelpool/router/config.json",
+        "--config", "/etc/modelpool/router/config.json", "--config-map", "chat-config",
         "--api-keys-file", "/etc/modelpool/router-keys/keys",
         "--shutdown-delay", "5", "--shutdown-grace", "25",
     ]
@@ -538,7 +553,7 @@ def test_an_api_key_secret_is_mounted_and_passed_to_the_router() -> None:
     )
     assert {"name": "api-keys", "secret": {"secretName": "router-keys"}} in pod["volumes"]
     # The router still gets no right to read Secrets: the kubelet mounts it.
-    assert not any(o["kind"] == "Role" for o in objects)
+    assert not [r for r in _one(objects, "Role")["rules"] if "secrets" in r["resources"]]
 
 
 def test_without_an_api_key_secret_the_router_asks_for_no_key() -> None:
