@@ -105,7 +105,7 @@ async def follow(
             continue
         items = event.items if isinstance(event, Listed) else (event.item,)
         if not items:
-            logger.warning("ConfigMap for %s not found: keeping the current config", watched.name)
+            logger.warning("%s not found: keeping the current config", watched.name)
         for item in items:
             content = item.data.get(key)
             if content is None:
