@@ -2,12 +2,12 @@
 
 Builds the settings from flags and environment, then runs, under one TaskGroup, the API
 server, the metrics and health server, the config watchers (the router's ConfigMap through
-the API with `--config-map`, else the config file; the API keys file) and the activator. A part that
-stops unexpectedly takes the process down. SIGTERM makes the router not ready at once and
-lets it go on serving for `--shutdown-delay` seconds, each connection closed after its
-answer, while the Service's endpoints drop the pod (a second SIGTERM or SIGINT ends the
-delay); then it stops accepting, answers held requests 503 with `Retry-After`, lets
-in-flight ones finish within the grace period, and exits 0.
+the API with `--config-map`, else the config file; the API keys file) and the activator.
+A part that stops unexpectedly takes the process down. SIGTERM makes the router not ready
+at once and lets it go on serving for `--shutdown-delay` seconds, each connection closed
+after its answer, while the Service's endpoints drop the pod (a second SIGTERM or SIGINT
+ends the delay); then it stops accepting, answers held requests 503 with `Retry-After`,
+lets in-flight ones finish within the grace period, and exits 0.
 """
 
 from __future__ import annotations
