@@ -100,13 +100,13 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
         watched.append(WatchedFile(settings.api_keys_file, keys_from_bytes, apply_keys))
     for w in watched:
         w.prime(w.path.read_bytes())
-    config_map: tuple[kube.KubeClient, str] | None = None
+    config_map_client: kube.KubeClient | None = None
     if settings.config_map:
         # The API is the config's source after start: the mounted file lags it, and
         # polling both could apply an older config over a newer one.
         watched.remove(config_file)
         config_file.label = f"ConfigMap {config.namespace}/{settings.config_map}"
-        config_map = (await kube.connect(settings.kubeconfig), settings.config_map)
+        config_map_client = await kube.connect(settings.kubeconfig)
 
     loop = asyncio.get_running_loop()
 
@@ -138,8 +138,9 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
                     )
                 ),
             ]
-            if config_map is not None:
-                events = config_map[0].watch_config_map(config.namespace, config_map[1])
+            if config_map_client is not None and settings.config_map:
+                events = config_map_client.watch_config_map(config.namespace,
+                                                            settings.config_map)
                 background.append(tg.create_task(_supervised(
                     "ConfigMap watcher",
                     follow(events, settings.config_path.name, config_file),
