@@ -5,8 +5,10 @@ after `410 Gone` by listing again, never by polling), server-side apply with one
 manager (kr8s has none: one helper sends `application/apply-patch+yaml` through
 `api.call_api`), merge patches of status, the JSON-patch compare-and-swap on a pool's
 `status.request` (docs/contracts.md section 2), deletes for pruning, Events and the
-leader Lease. kr8s and httpx errors are translated once, in `_translate`, into
-`KubeError`s that say whether trying again can help.
+leader Lease. Every call goes through `_call`: kr8s never reads a refusal itself (see
+`telemetry.refusal`), and a 401 renews the token on the same session. kr8s and httpx
+errors are translated once, in `_translate`, into `KubeError`s that say whether trying
+again can help.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import kr8s
 import kr8s.asyncio
 
 from reconciler.timefmt import rfc3339, rfc3339_micro
+from telemetry.refusal import Refusal, read_refusal
 from telemetry.watch import watch_params
 
 log = logging.getLogger(__name__)
@@ -103,26 +106,22 @@ def resource_of(body: Mapping[str, Any]) -> Resource:
         raise KubeError(f"no resource known for {key[0]} {key[1]}") from None
 
 
+def _refused(refusal: Refusal, what: str) -> KubeError:
+    """A refusal as the KubeError that says what to do about it."""
+    message = f"{what}: {refusal.message or refusal}"
+    if refusal.code == 404:
+        return NotFound(message, 404, refusal.reason)
+    if refusal.code in (409, 422):
+        return Conflict(message, refusal.code, refusal.reason)
+    if refusal.code == 410:
+        return Gone(message, 410, refusal.reason)
+    return KubeError(message, refusal.code, refusal.reason)
+
+
 def _translate(e: Exception, what: str) -> KubeError:
     """Every kr8s/httpx failure as one of ours, with the server's message, truncated."""
     if isinstance(e, KubeError):
         return e
-    if isinstance(e, kr8s.ServerError):
-        status: int | None = None
-        response = getattr(e, "response", None)
-        if response is not None:
-            status = response.status_code
-        reason = ""
-        if isinstance(e.status, Mapping):
-            reason = str(e.status.get("reason", ""))
-        message = f"{what}: {str(e)[:_TRUNCATE]}"
-        if status == 404:
-            return NotFound(message, status, reason)
-        if status in (409, 422):
-            return Conflict(message, status, reason)
-        if status == 410:
-            return Gone(message, status, reason)
-        return KubeError(message, status, reason)
     if isinstance(e, kr8s.APITimeoutError | httpx.TimeoutException):
         return KubeError(f"{what}: timed out")
     if isinstance(e, httpx.HTTPError | OSError):
@@ -161,7 +160,8 @@ class Kube:
             kwargs["content"] = json.dumps(body)
             kwargs["headers"] = {"Content-Type": content_type}
         try:
-            async with self.api.call_api(
+            async with self._call(
+                what,
                 method,
                 version=resource.api_version,
                 namespace=namespace if resource.namespaced else None,
@@ -172,6 +172,33 @@ class Kube:
         except Exception as e:
             raise _translate(e, what) from e
         return data if isinstance(data, dict) else {}
+
+    @contextlib.asynccontextmanager
+    async def _call(self, what: str, method: str, **kwargs: Any) -> AsyncIterator[Any]:
+        """`api.call_api` with kr8s's reading of a refusal turned off: an error status
+        raises the KubeError for it, and a 401 renews the token in place and goes again
+        once."""
+        renewed = False
+        while True:
+            async with self.api.call_api(method, raise_for_status=False, **kwargs) as response:
+                if response.status_code == 401 and not renewed:
+                    renewed = True
+                    await self._renew_token()
+                    continue
+                if response.status_code >= 400:
+                    body = await response.aread()
+                    raise _refused(read_refusal(response.status_code, body), what)
+                yield response
+                return
+
+    async def _renew_token(self) -> None:
+        """Credentials read again (a service account's token is rotated on disk) and set on
+        the session that carries the watches, which a new session would cut."""
+        log.info("the API server answered 401: reading the credentials again")
+        await self.api.auth.reauthenticate()
+        session, token = getattr(self.api, "_session", None), self.api.auth.token
+        if session is not None and token:
+            session.headers["Authorization"] = f"Bearer {token}"
 
     async def get(
         self, resource: Resource, namespace: str | None, name: str
@@ -212,7 +239,8 @@ class Kube:
         params = watch_params(resource_version, WATCH_SECONDS, label_selector=label_selector)
         what = f"watch {resource.plural} {namespace or '(all)'}"
         try:
-            async with self.api.call_api(
+            async with self._call(
+                what,
                 "GET",
                 version=resource.api_version,
                 namespace=namespace if resource.namespaced else None,

@@ -7,15 +7,18 @@ JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. It wat
 router's own ConfigMap the same way, so a new config applies as soon as it is written.
 It also creates the core/v1 Events that `sidecar.events` decides on
 (`sidecar.activation.EventPort`).
-kr8s and httpx errors are translated here, once, into `KubeError` and `Conflict`.
+Every call goes through `_call`: kr8s never reads a refusal itself (see
+`telemetry.refusal`), and a 401 renews the token on the same session. kr8s and httpx
+errors are translated here, once, into `KubeError` and `Conflict`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -34,6 +37,7 @@ from sidecar.activator import (
 from sidecar.endpoints import Endpoint, EndpointSlice
 from sidecar.events import Post
 from sidecar.reload import ConfigData
+from telemetry.refusal import Refusal, read_refusal
 from telemetry.watch import watch_params
 
 logger = logging.getLogger(__name__)
@@ -139,25 +143,15 @@ class KubeClient:
                 raise KubeError(f"ModelPool {post.namespace}/{post.pool} not found")
             uid = self._pool_uids.get((post.namespace, post.pool))
         body = event_body(post, uid, instance, self._wall_clock())
-        try:
-            # raise_for_status=False: on a 401/403 kr8s re-authenticates and replaces its
-            # HTTP session, which would cut the watches and writes in flight on it. A
-            # router whose Role lacks Events (an older install) must not pay that.
-            async with self._api.call_api(
-                "POST",
-                version=EVENT_API,
-                namespace=post.namespace,
-                url="events",
-                content=json.dumps(body),
-                headers={"Content-Type": "application/json"},
-                timeout=_REQUEST_TIMEOUT,
-                raise_for_status=False,
-            ) as response:
-                code, text = response.status_code, response.text
-        except Exception as e:
-            raise _translate(e, "POST events") from e
-        if code >= 400:
-            raise KubeError(f"POST events: HTTP {code}: {text[:300]}")
+        # A router whose Role lacks Events (an older install) is answered 403: a KubeError.
+        await self._json(
+            "POST",
+            EVENT_API,
+            post.namespace,
+            "events",
+            content=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
 
     # --- EndpointSlices ---
 
@@ -178,7 +172,9 @@ class KubeClient:
 
     # --- the router's own ConfigMap ---
 
-    def watch_config_map(self, namespace: str, name: str) -> AsyncIterator[WatchEvent[ConfigData]]:
+    def watch_config_map(
+        self, namespace: str, name: str
+    ) -> AsyncGenerator[WatchEvent[ConfigData], None]:
         """The ConfigMap `name` alone (a field selector: the Role grants it by name)."""
         return self._watch(
             CORE_API, namespace, "configmaps", parse_config_map,
@@ -190,8 +186,10 @@ class KubeClient:
     async def _json(
         self, method: str, version: str, namespace: str, url: str, **kwargs: Any
     ) -> Body:
+        what = f"{method} {url}"
         try:
-            async with self._api.call_api(
+            async with self._call(
+                what,
                 method,
                 version=version,
                 namespace=namespace,
@@ -201,10 +199,37 @@ class KubeClient:
             ) as response:
                 body = response.json()
         except Exception as e:
-            raise _translate(e, f"{method} {url}") from e
+            raise _translate(e, what) from e
         if not isinstance(body, dict):
-            raise KubeError(f"{method} {url}: the API server answered {type(body).__name__}")
+            raise KubeError(f"{what}: the API server answered {type(body).__name__}")
         return body
+
+    @contextlib.asynccontextmanager
+    async def _call(self, what: str, method: str, **kwargs: Any) -> AsyncIterator[Any]:
+        """`api.call_api` with kr8s's reading of a refusal turned off: an error status
+        raises what it means here, and a 401 renews the token in place and goes again
+        once."""
+        renewed = False
+        while True:
+            async with self._api.call_api(method, raise_for_status=False, **kwargs) as response:
+                if response.status_code == 401 and not renewed:
+                    renewed = True
+                    await self._renew_token()
+                    continue
+                if response.status_code >= 400:
+                    body = await response.aread()
+                    raise _refused(read_refusal(response.status_code, body), what)
+                yield response
+                return
+
+    async def _renew_token(self) -> None:
+        """Credentials read again (a service account's token is rotated on disk) and set on
+        the session that carries the watches, which a new session would cut."""
+        logger.info("the API server answered 401: reading the credentials again")
+        await self._api.auth.reauthenticate()
+        session, token = getattr(self._api, "_session", None), self._api.auth.token
+        if session is not None and token:
+            session.headers["Authorization"] = f"Bearer {token}"
 
     async def _list(
         self,
@@ -230,7 +255,7 @@ class KubeClient:
         parse: Callable[[Body], T],
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> AsyncIterator[WatchEvent[T]]:
+    ) -> AsyncGenerator[WatchEvent[T], None]:
         """List, then watch from the list's version; on a dropped stream resume from the last
         version seen; on 410 Gone list again. Never ends on its own."""
         resource_version: str | None = None
@@ -248,7 +273,8 @@ class KubeClient:
                     label_selector=label_selector,
                     field_selector=field_selector,
                 )
-                async with self._api.call_api(
+                async with self._call(
+                    f"watch {plural}",
                     "GET",
                     version=version,
                     namespace=namespace,
@@ -300,20 +326,22 @@ def _watch_line(line: str) -> tuple[str, Body]:
     return str(kind), obj
 
 
+def _refused(refusal: Refusal, what: str) -> Exception:
+    """A refusal in our vocabulary: Conflict for a lost CAS, _Gone for an expired version,
+    _NotFound, else KubeError (worth retrying)."""
+    if refusal.code in (409, 422):
+        return Conflict(f"{what}: {refusal}")
+    if refusal.code == 410:
+        return _Gone()
+    if refusal.code == 404:
+        return _NotFound(f"{what}: not found")
+    return KubeError(f"{what}: {refusal}")
+
+
 def _translate(e: Exception, what: str) -> Exception:
-    """kr8s and httpx errors in our vocabulary: Conflict for a lost CAS, _Gone for an
-    expired version, _NotFound, else KubeError (worth retrying)."""
+    """kr8s and httpx errors in our vocabulary (a refusal is one already, see `_refused`)."""
     if isinstance(e, KubeError | _Gone):
         return e
-    if isinstance(e, kr8s.ServerError) and e.response is not None:
-        code = e.response.status_code
-        if code in (409, 422):
-            return Conflict(f"{what}: {e}")
-        if code == 410:
-            return _Gone()
-        if code == 404:
-            return _NotFound(f"{what}: not found")
-        return KubeError(f"{what}: HTTP {code}: {str(e)[:300]}")
     if isinstance(e, httpx.HTTPError | kr8s.APITimeoutError | OSError | ValueError | KeyError):
         return KubeError(f"{what}: {type(e).__name__}: {str(e)[:300]}")
     return e

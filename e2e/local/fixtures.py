@@ -219,6 +219,13 @@ def kubectl(kubeconfig: Path, cluster: controlplane.LocalCluster) -> Kubectl:
 @pytest.fixture
 async def api(kubeconfig: Path) -> AsyncIterator[kr8s.asyncio.Api]:
     """A kr8s client of this test's event loop, closed and forgotten after the test."""
+    async with kr8s_client(kubeconfig) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def kr8s_client(kubeconfig: Path) -> AsyncIterator[kr8s.asyncio.Api]:
+    """A kr8s client of the running event loop for `kubeconfig`, closed and forgotten after."""
     client = await kr8s.asyncio.api(kubeconfig=str(kubeconfig))
     try:
         yield client

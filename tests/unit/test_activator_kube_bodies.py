@@ -7,13 +7,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import kr8s
 import pytest
 
 from sidecar.activation import Conflict, KubeError
 from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
 from sidecar.endpoints import Endpoint
-from sidecar.kube import _Gone, _NotFound, _translate, parse_pool, parse_slice, request_patch
+from sidecar.kube import (
+    _Gone,
+    _NotFound,
+    _refused,
+    _translate,
+    parse_pool,
+    parse_slice,
+    request_patch,
+)
+from telemetry.refusal import read_refusal
 
 pytestmark = pytest.mark.unit
 
@@ -152,20 +160,19 @@ def test_parse_slice_takes_the_http_port_and_readiness() -> None:
     assert unnamed.port == 8000
 
 
-def _server_error(code: int) -> kr8s.ServerError:
-    request = httpx.Request("PATCH", "https://127.0.0.1:6443/x")
-    return kr8s.ServerError("refused", response=httpx.Response(code, request=request))
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [(422, Conflict), (409, Conflict), (410, _Gone), (404, _NotFound), (403, KubeError),
+     (500, KubeError)],
+)
+def test_refusals_are_read_once(code: int, kind: type[Exception]) -> None:
+    refused = _refused(read_refusal(code, b'{"kind": "Status", "message": "no"}'), "PATCH x")
+    assert type(refused) is kind
 
 
 @pytest.mark.parametrize(
     ("error", "kind"),
     [
-        (_server_error(422), Conflict),
-        (_server_error(409), Conflict),
-        (_server_error(410), _Gone),
-        (_server_error(404), _NotFound),
-        (_server_error(403), KubeError),
-        (_server_error(500), KubeError),
         (httpx.ConnectError("refused"), KubeError),
         (ConnectionResetError(), KubeError),
     ],

@@ -2,8 +2,8 @@
 resume from the last version after a dropped stream, list again after 410 Gone.
 
 The transport is scripted by `ScriptedApi`, which answers `call_api` the way kr8s does
-(a context manager over an httpx response); the real API server is exercised in
-tests/integration/test_router_kube.py.
+with `raise_for_status=False` (a context manager over an httpx response, whatever its
+status); the real API server is exercised in tests/integration/test_router_kube.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import kr8s
 import pytest
 
 from sidecar.activation import Changed, Deleted, Listed
@@ -30,6 +29,8 @@ def pool(name: str, rv: str, member: str | None = None) -> dict[str, Any]:
 
 
 class Lines:
+    status_code = 200
+
     def __init__(self, lines: list[str]) -> None:
         self._lines = lines
 
@@ -47,13 +48,15 @@ class ScriptedApi:
 
     @asynccontextmanager
     async def call_api(self, method: str, **kwargs: Any) -> AsyncIterator[Any]:
+        # kr8s must never read a refusal itself (telemetry.refusal says why)
+        assert kwargs.get("raise_for_status") is False, kwargs
         self.calls.append(dict(kwargs.get("params") or {}))
         if not self.replies:
             await asyncio.Event().wait()  # no more script: a quiet watch
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
-        if isinstance(reply, Lines):
+        if isinstance(reply, Lines | httpx.Response):
             yield reply
         else:
             yield httpx.Response(200, json=reply)
@@ -63,9 +66,9 @@ def event(kind: str, obj: dict[str, Any]) -> str:
     return json.dumps({"type": kind, "object": obj})
 
 
-def gone() -> kr8s.ServerError:
-    request = httpx.Request("GET", "https://127.0.0.1:6443/x")
-    return kr8s.ServerError("gone", response=httpx.Response(410, request=request))
+def gone() -> httpx.Response:
+    return httpx.Response(410, json={"kind": "Status", "reason": "Expired",
+                                     "message": "too old resource version: 1 (7)"})
 
 
 async def take(events: AsyncIterator[Any], n: int) -> list[Any]:

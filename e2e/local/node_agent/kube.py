@@ -2,7 +2,9 @@
 
 The only module of the package that imports kr8s. Bodies go in and come out as plain
 dicts; kr8s and httpx errors are translated here into `ApiError` and its kinds, so the
-rest of the agent speaks one error vocabulary.
+rest of the agent speaks one error vocabulary. Every call goes through `_call`: kr8s never
+reads a refusal itself (`telemetry.refusal` says why; the agent posts Events into
+namespaces that may be going away).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
+from telemetry.refusal import read_refusal
 from telemetry.watch import watch_params
 
 Json = dict[str, Any]
@@ -57,10 +60,8 @@ _KINDS: Mapping[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone,
 
 
 def _translate(error: Exception) -> ApiError:
-    if isinstance(error, kr8s.ServerError) and error.response is not None:
-        status = error.response.status_code
-        message = str(error)[:500]
-        return _KINDS.get(status, ApiError)(status, message)
+    if isinstance(error, ApiError):
+        return error
     return ApiError(0, f"{type(error).__name__}: {error}"[:500])
 
 
@@ -96,11 +97,21 @@ class Kube:
             kwargs["content"] = json.dumps(body)
             kwargs["headers"] = {"Content-Type": content_type}
         try:
-            async with self._api.call_api(method, version=version, url=url, **kwargs) as response:
+            async with self._call(method, version=version, url=url, **kwargs) as response:
                 result: Json = response.json() if response.content else {}
                 return result
-        except (kr8s.ServerError, kr8s.APITimeoutError, httpx.HTTPError, OSError) as error:
+        except (ApiError, kr8s.APITimeoutError, httpx.HTTPError, OSError) as error:
             raise _translate(error) from error
+
+    @contextlib.asynccontextmanager
+    async def _call(self, method: str, **kwargs: Any) -> AsyncIterator[Any]:
+        """`api.call_api` with kr8s's reading of a refusal turned off: an error status
+        raises its ApiError here."""
+        async with self._api.call_api(method, raise_for_status=False, **kwargs) as response:
+            if response.status_code >= 400:
+                refusal = read_refusal(response.status_code, await response.aread())
+                raise _KINDS.get(refusal.code, ApiError)(refusal.code, refusal.message)
+            yield response
 
     # Node and Lease
 
@@ -157,7 +168,7 @@ class Kube:
         watch; raises Gone when that version is too old. Bookmarks come as `BOOKMARK`."""
         params = watch_params(resource_version, WATCH_SECONDS, field_selector=field_selector)
         try:
-            async with self._api.call_api(
+            async with self._call(
                 "GET", version="v1", url=plural, params=params, stream=True, timeout=WATCH_TIMEOUT
             ) as response:
                 async for line in response.aiter_lines():
@@ -167,7 +178,7 @@ class Kube:
                     if event["type"] == "ERROR":
                         raise _kind_of(event["object"])
                     yield event["type"], event["object"]
-        except (kr8s.ServerError, kr8s.APITimeoutError, httpx.HTTPError, OSError) as error:
+        except (ApiError, kr8s.APITimeoutError, httpx.HTTPError, OSError) as error:
             raise _translate(error) from error
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Json:
