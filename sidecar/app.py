@@ -137,7 +137,8 @@ class Proxy:
         except asyncio.CancelledError:
             # The client went away (the server cancels its handler): a held request
             # leaves its place in the queue by this cancellation.
-            self._metrics.request_done(label, CLIENT_CLOSED, self._clock() - started)
+            code = reply.status if _delivered(reply) else CLIENT_CLOSED
+            self._metrics.request_done(label, code, self._clock() - started)
             raise
         except ProxyError as err:
             self._metrics.request_done(label, err.status, self._clock() - started)
@@ -149,7 +150,8 @@ class Proxy:
             return
         if relay.upstream_failure is not None:
             self._metrics.upstream_error(label, relay.upstream_failure)
-        code = CLIENT_CLOSED if relay.client_gone else relay.answered or relay.status
+        gone = relay.client_gone and not _delivered(reply)
+        code = CLIENT_CLOSED if gone else relay.answered or relay.status
         self._metrics.request_done(label, code, self._clock() - started)
 
     async def _dispatch(
@@ -302,6 +304,17 @@ def parse_json(body: bytes) -> Any:
     if end != len(text):
         return json.loads(body)
     return value
+
+
+# The last event of an OpenAI stream. The SDKs close the connection as soon as they read
+# it (openai-python's Stream does not wait for the end of the chunked body).
+_STREAM_END = b"data: [DONE]"
+
+
+def _delivered(reply: Reply) -> bool:
+    """Whether a client that left had the whole answer: the stream's last event went out,
+    and only the body's framing was left to write. Such a request is answered, not 499."""
+    return reply.status == 200 and reply.tail.rstrip().endswith(_STREAM_END)
 
 
 def _model_of(body: bytes) -> tuple[str, bool]:

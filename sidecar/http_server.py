@@ -129,7 +129,7 @@ Handler = Callable[[Request, "Reply"], Awaitable[None]]
 class Reply:
     """The answer to one request: `send` a whole one, or `start`, `write`... `end`."""
 
-    __slots__ = ("_chunked", "_conn", "done", "keep_alive", "status")
+    __slots__ = ("_chunked", "_conn", "done", "keep_alive", "status", "tail")
 
     def __init__(self, conn: _Connection, keep_alive: bool) -> None:
         self._conn = conn
@@ -137,6 +137,7 @@ class Reply:
         self.keep_alive = keep_alive
         self.status = 0  # set once the head is written
         self.done = False
+        self.tail = b""  # the last bytes of the body written so far (see `_keep_tail`)
 
     @property
     def started(self) -> bool:
@@ -185,6 +186,7 @@ class Reply:
         assert self.status and not self.done, "write before start or after end"
         if not data:
             return
+        self._keep_tail(data)
         if self._chunked:
             await self._conn.write(b"%x\r\n" % len(data), data, b"\r\n")
         else:
@@ -196,6 +198,7 @@ class Reply:
         drains. Raises ConnectionResetError if the client is gone."""
         assert self.status and not self.done, "write before start or after end"
         conn = self._conn
+        self._keep_tail(data)
         if self._chunked and data:
             data = b"%x\r\n%s\r\n" % (len(data), data)
         conn.put(data)
@@ -207,6 +210,7 @@ class Reply:
     async def end(self, data: bytes = b"") -> None:
         assert self.status and not self.done, "end before start or after end"
         self.done = True
+        self._keep_tail(data)
         if self._chunked:
             if data:
                 await self._conn.write(b"%x\r\n" % len(data), data, b"\r\n0\r\n\r\n")
@@ -214,6 +218,14 @@ class Reply:
                 await self._conn.write(b"0\r\n\r\n")
         elif data:
             await self._conn.write(data)
+
+    def _keep_tail(self, data: bytes) -> None:
+        """Enough of the body's end to tell how it ended (an OpenAI stream's last event),
+        should the client leave before the end of the body itself."""
+        if len(data) >= _TAIL:
+            self.tail = data[-_TAIL:]
+        elif data:
+            self.tail = (self.tail + data)[-_TAIL:]
 
     def abort(self) -> None:
         """Close the client's connection at once: what it has is not a whole answer."""
@@ -239,6 +251,7 @@ class Reply:
         ))
 
 
+_TAIL = 32
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
 _status_lines: dict[tuple[int, str | None], bytes] = {}
 _date_cache: tuple[int, bytes] = (0, b"")

@@ -38,7 +38,8 @@ class FakeUpstream:
     """Answers from instructions in the request body: `x_sleep` before the headers,
     `x_status`, `x_chunks` streamed `x_interval` seconds apart (or, with
     `x_until_released`, until the test sets `release`), `x_break` to cut the connection
-    mid-stream. Every answer echoes the headers and body it received."""
+    mid-stream, `x_end_when_released` to hold the end of the body after `data: [DONE]`
+    until the test sets `release`. Every answer echoes the headers and body it received."""
 
     received: list[dict[str, Any]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -77,6 +78,8 @@ class FakeUpstream:
                 return response
             await response.write(f"data: {json.dumps({'i': i})}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
+        if body.get("x_end_when_released"):
+            await self.release.wait()
         await response.write_eof()
         return response
 

@@ -288,6 +288,37 @@ async def test_client_leaving_a_held_request_gives_up_its_place(router: Router) 
     await _until(lambda: router.sample("modelpool_requests_total", model="held", code="499") == 1)
 
 
+async def test_a_client_that_leaves_on_the_last_event_of_a_stream_was_answered(
+    router: Router,
+) -> None:
+    """openai-python closes the connection as soon as it reads `data: [DONE]`, before the
+    chunked body's end: the request was served whole, and counts as 200, not 499."""
+    body = {"model": "alpha", "stream": True, "x_chunks": 2, "x_interval": 0,
+            "x_end_when_released": True}
+    async with await router.post(body) as resp:
+        assert resp.status == 200
+        received = b""
+        while not received.endswith(b"data: [DONE]\n\n"):
+            received += await resp.content.readany()
+        resp.connection.close()
+    router.upstream.release.set()  # the upstream ends its body after the client left
+    await _until(lambda: router.sample("modelpool_requests_total", model="alpha",
+                                       code="200") == 1)
+    assert router.sample("modelpool_requests_total", model="alpha", code="499") == 0
+
+
+async def test_a_client_that_leaves_before_the_last_event_is_499(router: Router) -> None:
+    body = {"model": "alpha", "stream": True, "x_until_released": True, "x_interval": 0.01}
+    async with await router.post(body) as resp:
+        assert resp.status == 200
+        await resp.content.readany()
+        resp.connection.close()
+    await _until(lambda: router.sample("modelpool_requests_total", model="alpha",
+                                       code="499") == 1)
+    router.upstream.release.set()
+    assert router.sample("modelpool_requests_total", model="alpha", code="200") == 0
+
+
 KEYS = {"keys": "# router keys\nkey-one\n\n key-two \n"}
 
 
