@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -27,7 +28,7 @@ import kr8s
 import kr8s.asyncio
 
 from reconciler.timefmt import rfc3339, rfc3339_micro
-from telemetry.refusal import Refusal, read_refusal
+from telemetry.refusal import Refusal, answer, renew_token
 from telemetry.watch import watch_params
 
 log = logging.getLogger(__name__)
@@ -175,30 +176,13 @@ class Kube:
 
     @contextlib.asynccontextmanager
     async def _call(self, what: str, method: str, **kwargs: Any) -> AsyncIterator[Any]:
-        """`api.call_api` with kr8s's reading of a refusal turned off: an error status
-        raises the KubeError for it, and a 401 renews the token in place and goes again
-        once."""
-        renewed = False
-        while True:
-            async with self.api.call_api(method, raise_for_status=False, **kwargs) as response:
-                if response.status_code == 401 and not renewed:
-                    renewed = True
-                    await self._renew_token()
-                    continue
-                if response.status_code >= 400:
-                    body = await response.aread()
-                    raise _refused(read_refusal(response.status_code, body), what)
-                yield response
-                return
-
-    async def _renew_token(self) -> None:
-        """Credentials read again (a service account's token is rotated on disk) and set on
-        the session that carries the watches, which a new session would cut."""
-        log.info("the API server answered 401: reading the credentials again")
-        await self.api.auth.reauthenticate()
-        session, token = getattr(self.api, "_session", None), self.api.auth.token
-        if session is not None and token:
-            session.headers["Authorization"] = f"Bearer {token}"
+        """`api.call_api` with kr8s's reading of a refusal turned off (telemetry.refusal)."""
+        async with answer(
+            lambda: self.api.call_api(method, raise_for_status=False, **kwargs),
+            lambda refused: _refused(refused, what),
+            functools.partial(renew_token, self.api),
+        ) as response:
+            yield response
 
     async def get(
         self, resource: Resource, namespace: str | None, name: str

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -37,7 +38,7 @@ from sidecar.activator import (
 from sidecar.endpoints import Endpoint, EndpointSlice
 from sidecar.events import Post
 from sidecar.reload import ConfigData
-from telemetry.refusal import Refusal, read_refusal
+from telemetry.refusal import Refusal, answer, renew_token
 from telemetry.watch import watch_params
 
 logger = logging.getLogger(__name__)
@@ -206,30 +207,13 @@ class KubeClient:
 
     @contextlib.asynccontextmanager
     async def _call(self, what: str, method: str, **kwargs: Any) -> AsyncIterator[Any]:
-        """`api.call_api` with kr8s's reading of a refusal turned off: an error status
-        raises what it means here, and a 401 renews the token in place and goes again
-        once."""
-        renewed = False
-        while True:
-            async with self._api.call_api(method, raise_for_status=False, **kwargs) as response:
-                if response.status_code == 401 and not renewed:
-                    renewed = True
-                    await self._renew_token()
-                    continue
-                if response.status_code >= 400:
-                    body = await response.aread()
-                    raise _refused(read_refusal(response.status_code, body), what)
-                yield response
-                return
-
-    async def _renew_token(self) -> None:
-        """Credentials read again (a service account's token is rotated on disk) and set on
-        the session that carries the watches, which a new session would cut."""
-        logger.info("the API server answered 401: reading the credentials again")
-        await self._api.auth.reauthenticate()
-        session, token = getattr(self._api, "_session", None), self._api.auth.token
-        if session is not None and token:
-            session.headers["Authorization"] = f"Bearer {token}"
+        """`api.call_api` with kr8s's reading of a refusal turned off (telemetry.refusal)."""
+        async with answer(
+            lambda: self._api.call_api(method, raise_for_status=False, **kwargs),
+            lambda refused: _refused(refused, what),
+            functools.partial(renew_token, self._api),
+        ) as response:
+            yield response
 
     async def _list(
         self,

@@ -6,14 +6,25 @@ replaces its HTTP session, closing the old one under every watch and write in fl
 it. A 403 is an answer a controller meets every day, and the credentials are not at fault:
 a namespace being deleted refuses new objects, and a RoleBinding created beside the pod
 that uses it reaches the authorizer a moment after the pod starts. One such answer must
-not cut the watches of every other namespace. Only the reading lives here: each
-program's own kube module makes the call and turns a `Refusal` into its own errors.
+not cut the watches of every other namespace.
+
+`answer` reads the status of a call each program's own kube module makes, and that module
+turns a `Refusal` into its own errors. A 401 renews the credentials on the same session
+(`renew_token`) and goes once more. This package does not import kr8s: the call comes in
+as a function, and `renew_token` speaks to the client it is given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 _TRUNCATE = 300
 
@@ -40,3 +51,37 @@ def read_refusal(code: int, body: bytes) -> Refusal:
         return Refusal(code, reason if isinstance(reason, str) else "",
                        status["message"][:_TRUNCATE])
     return Refusal(code, "", body[:_TRUNCATE].decode("utf-8", "replace").strip())
+
+
+@contextlib.asynccontextmanager
+async def answer(
+    send: Callable[[], AbstractAsyncContextManager[Any]],
+    refused: Callable[[Refusal], Exception],
+    renew: Callable[[], Awaitable[None]] | None = None,
+) -> AsyncIterator[Any]:
+    """The response of `send()` (a call made with `raise_for_status=False`) when it is not
+    an error. An error status raises `refused(the refusal)`; a 401, with `renew`, renews
+    the credentials and sends once more."""
+    renewed = renew is None
+    while True:
+        async with send() as response:
+            if response.status_code == 401 and not renewed:
+                renewed = True
+                assert renew is not None
+                await renew()
+                continue
+            if response.status_code >= 400:
+                raise refused(read_refusal(response.status_code, await response.aread()))
+            yield response
+            return
+
+
+async def renew_token(api: Any) -> None:
+    """A kr8s client's credentials read again (a service account's token is rotated on
+    disk) and its bearer token set on the session it has, which carries the watches: a new
+    session would cut them."""
+    logger.info("the API server answered 401: reading the credentials again")
+    await api.auth.reauthenticate()
+    session, token = getattr(api, "_session", None), api.auth.token
+    if session is not None and token:
+        session.headers["Authorization"] = f"Bearer {token}"

@@ -220,10 +220,11 @@ async def test_a_router_whose_token_is_revoked_reads_the_new_one_and_keeps_its_w
             kubectl("delete", "secret", "holder", "-n", namespace)
             wait_unauthorized(kubectl, namespace, old, tmp_path)
             write_token_kubeconfig(kubectl, path, router_token(kubectl, namespace))
+            caplog.set_level(logging.INFO, logger="telemetry.refusal")
             caplog.set_level(logging.INFO, logger="sidecar.kube")
             with pytest.raises(KubeError, match=r"HTTP 403: .*cannot get resource"):
                 await client.get_pool(namespace, "heavy")  # authenticated again: now refused
-            assert [r.getMessage() for r in caplog.records if r.name == "sidecar.kube"] == [
+            assert [r.getMessage() for r in caplog.records] == [
                 "the API server answered 401: reading the credentials again"]
 
             patch_config(kubectl, namespace, "second")

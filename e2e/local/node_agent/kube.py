@@ -18,7 +18,7 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
-from telemetry.refusal import read_refusal
+from telemetry.refusal import answer
 from telemetry.watch import watch_params
 
 Json = dict[str, Any]
@@ -107,10 +107,10 @@ class Kube:
     async def _call(self, method: str, **kwargs: Any) -> AsyncIterator[Any]:
         """`api.call_api` with kr8s's reading of a refusal turned off: an error status
         raises its ApiError here."""
-        async with self._api.call_api(method, raise_for_status=False, **kwargs) as response:
-            if response.status_code >= 400:
-                refusal = read_refusal(response.status_code, await response.aread())
-                raise _KINDS.get(refusal.code, ApiError)(refusal.code, refusal.message)
+        async with answer(
+            lambda: self._api.call_api(method, raise_for_status=False, **kwargs),
+            lambda refused: _KINDS.get(refused.code, ApiError)(refused.code, refused.message),
+        ) as response:
             yield response
 
     # Node and Lease
