@@ -349,6 +349,13 @@ class Controller:
             started = time.monotonic()
             try:
                 await self.reconcile(key)
+            except k.NamespaceTerminating as e:
+                # Its namespace is going away with everything in it: nothing to retry. A
+                # change to the object (or its deletion) brings the key back.
+                self.queue.forget(key)
+                self.metrics.reconcile_total.labels(key.kind, "error").inc()
+                log.info("reconcile of %s %s/%s stopped: its namespace is being deleted (%s)",
+                         key.kind, key.namespace, key.name, e)
             except (k.KubeError, RenderError, SpecError) as e:
                 delay = self.queue.retry(key)
                 self.metrics.reconcile_total.labels(key.kind, "error").inc()
@@ -398,12 +405,13 @@ class Controller:
         trying again will not change by itself (an admission policy, a webhook, a quota:
         400, 403, 422) stalls `body`, naming the object and the API server's words, before
         it is raised again to be retried with backoff, so `kubectl describe` says what
-        the log says."""
+        the log says. A namespace being deleted refuses with 403 too: that is no stall,
+        the object goes with its namespace (`k.NamespaceTerminating`)."""
         for obj in objects:
             try:
                 await self._apply(obj)
             except k.KubeError as e:
-                if e.status in (400, 403, 422):
+                if e.status in (400, 403, 422) and not isinstance(e, k.NamespaceTerminating):
                     kind, name = obj.get("kind"), (obj.get("metadata") or {}).get("name")
                     await self._server_stalled(body, logger, APPLY_REFUSED,
                                                f"{kind} {name} was refused: {e}")

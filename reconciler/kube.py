@@ -65,6 +65,11 @@ class Gone(KubeError):
     """410: the resourceVersion a watch resumed from is too old; list again."""
 
 
+class NamespaceTerminating(KubeError):
+    """403: the object's namespace is being deleted and takes nothing new. Its objects go
+    with it; trying again cannot help."""
+
+
 @dataclass(frozen=True)
 class Resource:
     api_version: str  # "v1", "apps/v1", "modelpool.dev/v1alpha1"
@@ -116,6 +121,8 @@ def _refused(refusal: Refusal, what: str) -> KubeError:
         return Conflict(message, refusal.code, refusal.reason)
     if refusal.code == 410:
         return Gone(message, 410, refusal.reason)
+    if refusal.namespace_terminating:
+        return NamespaceTerminating(message, refusal.code, refusal.reason)
     return KubeError(message, refusal.code, refusal.reason)
 
 

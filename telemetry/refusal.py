@@ -29,14 +29,25 @@ logger = logging.getLogger(__name__)
 _TRUNCATE = 300
 
 
+# The cause the API server's NamespaceLifecycle admission gives when it refuses a new
+# object in a namespace that is being deleted.
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+
+
 @dataclass(frozen=True)
 class Refusal:
     code: int  # the HTTP status
     reason: str  # the Status body's reason (Forbidden, NotFound, Conflict, Expired...), or ""
     message: str  # the Status body's message, else the start of the body
+    causes: tuple[str, ...] = ()  # the reasons of the Status body's details.causes
 
     def __str__(self) -> str:
         return f"HTTP {self.code}: {self.message}" if self.message else f"HTTP {self.code}"
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because its namespace is being deleted: nothing new goes into it again."""
+        return NAMESPACE_TERMINATING in self.causes
 
 
 def read_refusal(code: int, body: bytes) -> Refusal:
@@ -48,8 +59,15 @@ def read_refusal(code: int, body: bytes) -> Refusal:
         status = None
     if isinstance(status, dict) and isinstance(status.get("message"), str):
         reason = status.get("reason")
-        return Refusal(code, reason if isinstance(reason, str) else "",
-                       status["message"][:_TRUNCATE])
+        details = status.get("details")
+        causes = details.get("causes") if isinstance(details, dict) else None
+        return Refusal(
+            code,
+            reason if isinstance(reason, str) else "",
+            status["message"][:_TRUNCATE],
+            tuple(str(c.get("reason", "")) for c in causes if isinstance(c, dict))
+            if isinstance(causes, list) else (),
+        )
     return Refusal(code, "", body[:_TRUNCATE].decode("utf-8", "replace").strip())
 
 

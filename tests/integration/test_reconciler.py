@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import socket
 import time
@@ -736,6 +737,45 @@ async def test_a_router_that_refers_to_no_server_keeps_only_its_config_and_owns_
         return True
 
     await eventually(collected, "the router's objects collected", 60)
+
+
+async def test_a_router_in_a_namespace_being_deleted_is_left_to_go_with_it(
+    reconciler: Running, kubectl: Any, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The namespace controller deletes what the router rendered while the ModelRouter (held
+    here by a finalizer) is still there. Applying it again is refused with 403
+    NamespaceTerminating: no stall, no Event, no retry, one line in the log."""
+    held = router(["a"])
+    held["metadata"]["finalizers"] = ["modelpool.dev/test-hold"]
+    apply(kubectl, namespace, server("a"), held)
+
+    async def rendered() -> bool | None:
+        found = kubectl("get", "configmap", "chat-config", "-n", namespace, check=False)
+        return True if found.returncode == 0 else None
+
+    await eventually(rendered, "the router's ConfigMap", 30)
+    caplog.set_level(logging.INFO, logger="reconciler.controller")
+    kubectl("delete", "namespace", namespace, "--wait=false")
+    try:
+        def stopped() -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if "its namespace is being deleted" in r.getMessage()
+                    and f"ModelRouter {namespace}/chat" in r.getMessage()]
+
+        async def refused() -> bool | None:
+            return True if stopped() else None
+
+        await eventually(refused, "the router's reconcile stopped by the namespace", 60)
+        body = await reconciler.get("modelrouters", "chat")
+        assert (condition(body, "Stalled") or {}).get("status") != "True", body["status"]
+        retried = [r.getMessage() for r in caplog.records
+                   if r.getMessage().startswith(f"reconcile of ModelRouter {namespace}/chat")
+                   and "again in" in r.getMessage()]
+        assert retried == []
+        assert not [r for r in caplog.records if "ApplyRefused" in r.getMessage()]
+    finally:
+        kubectl("patch", "modelrouter", "chat", "-n", namespace, "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False)
 
 
 async def test_a_member_added_with_the_pools_change_is_waited_for_not_stalled(

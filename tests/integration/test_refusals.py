@@ -87,6 +87,7 @@ async def test_the_reconcilers_watch_outlives_a_write_refused_in_a_dying_namespa
     with pytest.raises(reconciler_kube.KubeError) as refused:
         await kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
                           "metadata": {"name": "late", "namespace": dying}})
+    assert isinstance(refused.value, reconciler_kube.NamespaceTerminating)
     assert refused.value.status == 403
     assert TERMINATING in str(refused.value)
     assert not refused.value.temporary

@@ -23,6 +23,21 @@ def test_a_status_body_gives_its_reason_and_message() -> None:
     refusal = read_refusal(403, json.dumps(status).encode())
     assert refusal == Refusal(403, "Forbidden", message)
     assert str(refusal) == f"HTTP 403: {message}"
+    assert not refusal.namespace_terminating
+
+
+def test_a_namespace_being_deleted_is_named_by_the_status_cause() -> None:
+    status = {"kind": "Status", "code": 403, "reason": "Forbidden",
+              "message": 'configmaps "x" is forbidden: unable to create new content in '
+                         "namespace t-1 because it is being terminated",
+              "details": {"name": "x", "kind": "configmaps", "causes": [
+                  {"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                   "message": "namespace t-1 is being terminated"}]}}
+    refusal = read_refusal(403, json.dumps(status).encode())
+    assert refusal.causes == ("NamespaceTerminating",)
+    assert refusal.namespace_terminating
+    odd = {**status, "details": {"causes": "not a list"}}
+    assert read_refusal(403, json.dumps(odd).encode()).causes == ()
 
 
 def test_a_body_that_is_not_a_status_gives_its_start() -> None:
