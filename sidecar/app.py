@@ -306,8 +306,8 @@ def parse_json(body: bytes) -> Any:
     return value
 
 
-# The last event of an OpenAI stream. The SDKs close the connection as soon as they read
-# it (openai-python's Stream does not wait for the end of the chunked body).
+# The last event of an OpenAI stream. openai-python's Stream closes the connection as soon
+# as it reads it, without waiting for the end of the chunked body.
 _STREAM_END = b"data: [DONE]"
 
 

@@ -137,7 +137,7 @@ class Reply:
         self.keep_alive = keep_alive
         self.status = 0  # set once the head is written
         self.done = False
-        self.tail = b""  # the last bytes of the body written so far (see `_keep_tail`)
+        self.tail = b""  # the body written so far ends with this (see `_keep_tail`)
 
     @property
     def started(self) -> bool:
@@ -221,9 +221,10 @@ class Reply:
 
     def _keep_tail(self, data: bytes) -> None:
         """Enough of the body's end to tell how it ended (an OpenAI stream's last event),
-        should the client leave before the end of the body itself."""
+        should the client leave before the end of the body itself. A write of `_TAIL`
+        bytes or more is kept by reference, not copied: this runs for every chunk."""
         if len(data) >= _TAIL:
-            self.tail = data[-_TAIL:]
+            self.tail = data
         elif data:
             self.tail = (self.tail + data)[-_TAIL:]
 
