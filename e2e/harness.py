@@ -292,9 +292,11 @@ def fake_member(
     env: Mapping[str, str] | None = None,
     image: str = FAKE_MODEL_IMAGE,
     gpu: int = 1,
+    scratch: bool = True,
 ) -> Json:
     """A ModelServer served by the fake model server in llama.cpp mode, its model named
-    `name` by `--alias` (as llama-server names it); `gpu=0` for one that runs on CPU."""
+    `name` by `--alias` (as llama-server names it); `gpu=0` for one that runs on CPU,
+    `scratch=False` for one with no volume (the fake writes nothing but its GPU lock)."""
     variables = {
         "FAKE_MODEL_LOAD_TIME": str(load_time),
         "FAKE_MODEL_TOKENS_PER_SECOND": str(tokens_per_second),
@@ -311,6 +313,7 @@ def fake_member(
             "args": ["--mode", "llamacpp", "--alias", name],
             "env": [{"name": k, "value": v} for k, v in variables.items()],
             "resources": {"gpu": gpu},
+            **({} if scratch else {"scratch": False}),
         },
     }
 

@@ -255,6 +255,7 @@ class ModelServerSpec:
     readiness_path: str | None = None
     idle: IdleSpec | None = None
     allow_direct_access: bool = False
+    scratch: bool = True
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelServerSpec:
@@ -336,6 +337,7 @@ class ModelServerSpec:
             idle=idle,
             allow_direct_access=_typed(spec.get("allowDirectAccess", False), bool,
                                        "spec.allowDirectAccess", "a boolean"),
+            scratch=_typed(spec.get("scratch", True), bool, "spec.scratch", "a boolean"),
         )
 
 

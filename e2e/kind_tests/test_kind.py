@@ -98,9 +98,10 @@ def test_a_kubelet_restart_is_followed_by_a_new_registration(kind_kubectl: Kubec
 
 
 def member(name: str, node: str, unload_time: float = 0.0,
-           image: str = harness.FAKE_MODEL_IMAGE) -> harness.Json:
+           image: str = harness.FAKE_MODEL_IMAGE, scratch: bool = True) -> harness.Json:
     return harness.on_node(harness.fake_member(name, load_time=1.0, env={
-        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None, image=image), node)
+        "FAKE_MODEL_UNLOAD_TIME": str(unload_time)} if unload_time else None, image=image,
+        scratch=scratch), node)
 
 
 def router_on_control_plane(name: str, backends: list[str]) -> harness.Json:
@@ -153,11 +154,13 @@ async def test_two_members_that_both_fit_on_the_node_never_run_together(
     """Both members pinned to the node with two GPUs, so the scheduler alone would run both;
     the incumbent takes 3 s to unload. Through a router on the control-plane node (no
     GPUs), a request for the other member swaps, and a watch of every pod event shows the
-    target's pod only once the incumbent's is gone."""
+    target's pod only once the incumbent's is gone. The target has `scratch: false`: no
+    volume at all, and it still runs and serves under a read-only root."""
     ns = restricted_namespace
     async with members_running(kind_kubectl, ns) as samples:
         harness.apply(kind_kubectl, ns, member("alpha", TWO_GPUS, unload_time=3),
-                      member("beta", TWO_GPUS), harness.pool("slot", ["alpha", "beta"],
+                      member("beta", TWO_GPUS, scratch=False),
+                      harness.pool("slot", ["alpha", "beta"],
                                                              default="alpha"),
                       router_on_control_plane("chat", ["alpha", "beta"]))
         (router,) = await asyncio.to_thread(harness.wait_router_ready, kind_kubectl, ns,
@@ -185,6 +188,7 @@ async def test_two_members_that_both_fit_on_the_node_never_run_together(
                if p["metadata"]["labels"][harness.LABEL_SERVER] == "beta"
                and not p["metadata"].get("deletionTimestamp")]
     assert beta["spec"]["nodeName"] == TWO_GPUS
+    assert "volumes" not in beta["spec"], beta["spec"].get("volumes")
     # It sees the device the plugin allocated, which nothing in its spec declared.
     declared = json.dumps(beta["spec"])
     assert "NVIDIA_VISIBLE_DEVICES" not in declared

@@ -180,6 +180,11 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("spec.storage", "exactly one of pvc and hostPath"),
     ),
     (
+        "server-scratch-wrong-type",
+        _obj("ModelServer", "s", {**_SERVER, "scratch": "no"}),
+        ("spec.scratch", "must be of type boolean"),
+    ),
+    (
         "server-gpu-negative",
         _obj("ModelServer", "s", {**_SERVER, "resources": {"gpu": -1}}),
         ("spec.resources.gpu",),
@@ -479,6 +484,7 @@ def test_valid_objects_get_the_defaults_spec_py_assumes(
     )
     server = kubectl.json("get", "modelserver", "s", "-n", namespace)["spec"]
     assert server["runtime"] == "llamacpp" and server["port"] == 8080 and server["replicas"] == 1
+    assert server["scratch"] is True
     assert server["resources"] == {"gpu": 1, "gpuResource": "nvidia.com/gpu"}
     pool = kubectl.json("get", "modelpool", "p", "-n", namespace)["spec"]
     assert (pool["swapPolicy"], pool["swapBudget"]) == ("sticky", "300s")
@@ -630,6 +636,7 @@ def test_the_widest_valid_specs_are_admitted_and_render_accepted_objects(
         "tolerations": _TOLERATIONS,
         "nodeSelector": _NODE_SELECTOR,
         "storage": {"pvc": "weights.gemma-3"},
+        "scratch": False,
         "resources": {"gpu": 1, "gpuResource": "example.com/tpu-v5", "cpu": "500m",
                       "memory": "1e9"},
         "env": [
@@ -674,6 +681,7 @@ def test_the_widest_valid_specs_are_admitted_and_render_accepted_objects(
     ]
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {e["name"] for e in env} >= {"POD", "TEAM", "MEM", "CFG", "TOKEN"}
+    assert [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]] == ["models"]
 
 
 def _pod(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:

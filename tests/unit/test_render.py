@@ -218,6 +218,28 @@ def test_runtimes_get_a_writable_home_unless_they_set_one() -> None:
     assert home(ModelServerSpec.from_body(own)) == (["/data"], ["tmp", "home"])
 
 
+def test_a_server_without_scratch_gets_no_volume_of_its_own() -> None:
+    def volumes(ms: ModelServerSpec) -> tuple[list[Any], list[str], list[str]]:
+        pod = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
+        spec = pod["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        homes = [e.get("value") for e in c.get("env", []) if e["name"] == "HOME"]
+        mounts = [m["name"] for m in c.get("volumeMounts", [])]
+        assert mounts == [v["name"] for v in spec.get("volumes", [])]
+        return homes, mounts, [k for k in ("volumes",) if k in spec]
+
+    assert volumes(replace(GEMMA, scratch=False)) == ([], ["models"], ["volumes"])
+    assert volumes(replace(QWEN, scratch=False)) == ([], ["models", "dshm"], ["volumes"])
+    bare = body("ModelServer", "bare", {"image": "i", "model": "m", "scratch": False})
+    # no volume at all: not even empty lists, which the kubelet would treat the same
+    assert volumes(ModelServerSpec.from_body(bare)) == ([], [], [])
+    assert ModelServerSpec.from_body(body("ModelServer", "d", {"image": "i", "model": "m"})
+                                     ).scratch is True
+    with pytest.raises(SpecError, match=r"spec\.scratch must be a boolean"):
+        ModelServerSpec.from_body(body("ModelServer", "x", {"image": "i", "model": "m",
+                                                            "scratch": "no"}))
+
+
 # --- owner references -------------------------------------------------------------------
 
 
