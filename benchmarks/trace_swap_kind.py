@@ -156,8 +156,10 @@ async def run(options: argparse.Namespace) -> None:
         router = harness.router_on_node(harness.router("bench", ["a", "b"]),
                                         bench_swap_kind.CONTROL_PLANE)
         harness.apply(kubectl, namespace,
-                      bench_swap_kind.member("a", options.load, options.unload),
-                      bench_swap_kind.member("b", options.load, options.unload),
+                      bench_swap_kind.member("a", options.load, options.unload,
+                                             scratch=options.scratch),
+                      bench_swap_kind.member("b", options.load, options.unload,
+                                             scratch=options.scratch),
                       harness.pool(POOL, ["a", "b"], default="a", swap_budget="120s"),
                       router)
         (pod,) = harness.wait_router_ready(kubectl, namespace, "bench", None, 180.0)
@@ -224,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--unload", type=float, default=0.5, help="fake unload time, seconds")
     p.add_argument("--pause", type=float, default=0.0,
                    help="seconds between the pool reading Ready and the next request")
+    p.add_argument("--no-scratch", dest="scratch", action="store_false",
+                   help="members with `scratch: false`: no volume, so no kubelet volume wait")
     p.add_argument("--raw", action="store_true",
                    help="every journal line naming a member's pod instead of named hops")
     options = p.parse_args(list(sys.argv[1:] if argv is None else argv))
