@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import copy
 import functools
+import hashlib
+import json
 import logging
 import time
 from collections import defaultdict
@@ -69,6 +71,7 @@ WAITING_FOR_SERVER = "WaitingForModelServer"
 APPLY_REFUSED = "ApplyRefused"  # the API server refused a rendered object
 # Rendered servers kept (a handful per server: its replicas 0 and 1, in a pool or not).
 RENDER_CACHE_SIZE = 1024
+APPLIED_MEMO_SIZE = 16384
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,8 @@ class Controller:
         # status alone leaves it as it is.
         self._generations: dict[tuple[str, str, str], Any] = {}
         self._rendered: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        # A digest of the body last applied per (apiVersion, kind, namespace, name).
+        self._applied: dict[tuple[str, str, str, str], bytes] = {}
         self._router_refs: dict[tuple[str, str], set[str]] = {}
         # The swap target each pool's prewarm pod reads for, and whether one was created.
         self._prewarming: dict[tuple[str, str], tuple[str, bool]] = {}
@@ -388,16 +393,28 @@ class Controller:
     # Writes (counted, and put back into the caches at once)
 
     async def _apply(self, body: dict[str, Any]) -> None:
-        cache = self._cached.get((str(body.get("apiVersion")), str(body.get("kind"))))
-        if cache is not None:
-            ns, name = k.key_of(body)
+        """Server-side apply `body`, unless the object already holds it. Holding every
+        field of `body` is not enough: a field the templates rendered before and no longer
+        do (a volume, a gate) is still there, and only an apply removes it. So the object
+        is skipped only when it covers a body that is also the one this process applied
+        last (after a restart, each object is applied once more, a no-op)."""
+        api_version, kind = str(body.get("apiVersion")), str(body.get("kind"))
+        ns, name = k.key_of(body)
+        key = (api_version, kind, ns, name)
+        digest = hashlib.blake2b(json.dumps(body, sort_keys=True).encode(),
+                                 digest_size=16).digest()
+        cache = self._cached.get((api_version, kind))
+        if cache is not None and self._applied.get(key) == digest:
             live = cache.get(ns, name)
             if live is not None and covers(body, live):
                 return
         result = await self.kube.apply(body)
-        self.metrics.api_writes_total.labels("apply", str(body.get("kind"))).inc()
+        self.metrics.api_writes_total.labels("apply", kind).inc()
         if cache is not None:
             cache.update(result)
+        if len(self._applied) >= APPLIED_MEMO_SIZE:
+            self._applied.clear()  # each object is applied once more, a no-op
+        self._applied[key] = digest
 
     async def _apply_for(self, body: Mapping[str, Any], logger: ObjectLogger,
                          objects: Sequence[dict[str, Any]]) -> None:
@@ -461,6 +478,7 @@ class Controller:
                     continue
                 log.info("pruning %s %s/%s", kind, namespace, name)
                 await self.kube.delete(resource, namespace, name, _meta(obj).get("uid"))
+                self._applied.pop((api_version, kind, namespace, name), None)
                 self.metrics.api_writes_total.labels("delete", kind).inc()
 
     # ModelServer

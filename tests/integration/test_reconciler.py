@@ -1080,6 +1080,39 @@ async def test_a_terminating_incumbent_keeps_the_target_down_until_its_pod_is_go
     assert body["status"]["lastSwap"]["outcome"] == "Succeeded"
 
 
+async def test_a_field_the_spec_no_longer_asks_for_leaves_the_rendered_object(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """`scratch: false` takes the volumes out of a server's Deployment, and nothing else:
+    the Deployment the API server holds still has every field of the new rendering, so
+    only a reconciler that knows it rendered something else before applies it again
+    (server-side apply then drops what its field manager no longer sets)."""
+    def volumes() -> tuple[list[str], list[str]] | None:
+        got = kubectl("get", "deployment", "s", "-n", namespace, "-o", "json", check=False)
+        if got.returncode:
+            return None
+        pod = json.loads(got.stdout)["spec"]["template"]["spec"]
+        return ([v["name"] for v in pod.get("volumes", [])],
+                [m["name"] for m in pod["containers"][0].get("volumeMounts", [])])
+
+    standalone = server("s", runtime="generic")
+    apply(kubectl, namespace, standalone)
+
+    async def serving() -> bool | None:  # past the settling time a pool may claim it in
+        phase = ((await reconciler.get("modelservers", "s")).get("status") or {}).get("phase")
+        return True if phase == "Ready" and replicas(kubectl, namespace, "s") == 1 else None
+
+    await eventually(serving, "s Ready with its one replica", 60)
+    assert volumes() == (["tmp"], ["tmp"])
+    standalone["spec"]["scratch"] = False
+    apply(kubectl, namespace, standalone)
+
+    async def dropped() -> bool | None:
+        return True if volumes() == ([], []) else None
+
+    await eventually(dropped, "s's volumes gone from its Deployment", 20)
+
+
 def _policy_routers(kubectl: Any, namespace: str, name: str) -> list[str] | None:
     """The routers the member's NetworkPolicy admits ([] for the reconciler alone), or
     None when there is no policy."""
