@@ -121,6 +121,8 @@ async def _quietly(work: Callable[[], Awaitable[None]]) -> None:
         await work()
     except asyncio.CancelledError:
         raise
+    except k.NamespaceTerminating as e:
+        log.info("background task: its namespace is being deleted (%s)", e)
     except Exception:
         log.exception("background task failed")
 
@@ -451,7 +453,9 @@ class Controller:
         self.metrics.api_writes_total.labels("create", "Event").inc()
 
     def _logger(self, body: Mapping[str, Any]) -> ObjectLogger:
-        return ObjectLogger(log, body, self._post_event)
+        # A Warning posted before a stall is written is refused in a namespace being
+        # deleted: that ends the reconcile there, so nothing going away is called Stalled.
+        return ObjectLogger(log, body, self._post_event, final=(k.NamespaceTerminating,))
 
     async def _prune(
         self,
@@ -1022,8 +1026,15 @@ class Controller:
         if body is None:
             self._first_seen.pop(Key(ROUTER, namespace, name), None)
             return
-        logger = self._logger(body)
         meta = _meta(body)
+        if meta.get("deletionTimestamp"):
+            # Being deleted (a finalizer holds it): what it rendered goes with it, and the
+            # servers it refers to may be gone first (its namespace is being deleted, or
+            # git removed them together), which is no reason to call it Stalled.
+            log.info("ModelRouter %s/%s is being deleted: what it rendered goes with it",
+                     namespace, name)
+            return
+        logger = self._logger(body)
         status = body.get("status") or {}
         try:
             spec = ModelRouterSpec.from_body(body)

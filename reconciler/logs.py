@@ -29,8 +29,11 @@ class ObjectLogger(logging.LoggerAdapter[logging.Logger]):
     """Log lines about one object; `event` also posts a Kubernetes Event on it."""
 
     def __init__(
-        self, logger: logging.Logger, body: Mapping[str, Any], poster: EventPoster | None = None
+        self, logger: logging.Logger, body: Mapping[str, Any], poster: EventPoster | None = None,
+        final: tuple[type[Exception], ...] = (),
     ) -> None:
+        """`final`: the poster's errors that say the object itself is past reporting on
+        (its namespace is being deleted); `event` raises those instead of logging them."""
         meta = body.get("metadata") or {}
         extra = {  # not "name": LogRecord has one
             "object_kind": body.get("kind"),
@@ -40,6 +43,7 @@ class ObjectLogger(logging.LoggerAdapter[logging.Logger]):
         super().__init__(logger, extra)
         self.body = body
         self._poster = poster
+        self._final = final
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
@@ -51,5 +55,7 @@ class ObjectLogger(logging.LoggerAdapter[logging.Logger]):
         if self._poster is not None:
             try:
                 await self._poster(self.body, type_, reason, message)
+            except self._final:
+                raise
             except Exception as e:  # an Event is a courtesy: never fail a reconcile for it
                 self.warning("could not post Event %s: %s", reason, e)

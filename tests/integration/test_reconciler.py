@@ -742,9 +742,11 @@ async def test_a_router_that_refers_to_no_server_keeps_only_its_config_and_owns_
 async def test_a_router_in_a_namespace_being_deleted_is_left_to_go_with_it(
     reconciler: Running, kubectl: Any, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The namespace controller deletes what the router rendered while the ModelRouter (held
-    here by a finalizer) is still there. Applying it again is refused with 403
-    NamespaceTerminating: no stall, no Event, no retry, one line in the log."""
+    """The namespace controller deletes what the router rendered, and the server it refers
+    to, while the ModelRouter (held here by a finalizer) is still there. Whichever the
+    reconciler meets first (a render refused with 403 NamespaceTerminating, a server gone
+    whose Warning is refused the same way, or the router marked for deletion), it stops:
+    no stall, no Event, no retry, a line in the log."""
     held = router(["a"])
     held["metadata"]["finalizers"] = ["modelpool.dev/test-hold"]
     apply(kubectl, namespace, server("a"), held)
@@ -759,8 +761,9 @@ async def test_a_router_in_a_namespace_being_deleted_is_left_to_go_with_it(
     try:
         def stopped() -> list[str]:
             return [r.getMessage() for r in caplog.records
-                    if "its namespace is being deleted" in r.getMessage()
-                    and f"ModelRouter {namespace}/chat" in r.getMessage()]
+                    if f"ModelRouter {namespace}/chat" in r.getMessage()
+                    and ("its namespace is being deleted" in r.getMessage()
+                         or "is being deleted: what it rendered goes with it" in r.getMessage())]
 
         async def refused() -> bool | None:
             return True if stopped() else None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
 from reconciler.controller import covers
-from reconciler.kube import clear_request_ops, request_cas_ops
+from reconciler.kube import KubeError, NamespaceTerminating, clear_request_ops, request_cas_ops
+from reconciler.logs import ObjectLogger
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +77,22 @@ def test_settings_come_from_flags_and_environment() -> None:
     assert settings.leader.namespace == "ops"
     assert (settings.leader.lease_seconds, settings.leader.renew_seconds) == (9.0, 3.0)
     assert parse([], {}).bind_host == "0.0.0.0"
+
+
+async def test_an_event_refused_for_good_ends_the_reconcile_and_others_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Warning posted before a stall is written: in a namespace being deleted its refusal
+    must reach the worker (which stops there), not be logged and let the stall be written."""
+    refusal: list[Exception] = [NamespaceTerminating("events is forbidden", 403, "Forbidden")]
+
+    async def poster(body: Any, type_: str, reason: str, message: str) -> None:
+        raise refusal[0]
+
+    body = {"kind": "ModelRouter", "metadata": {"namespace": "n", "name": "chat"}}
+    logger = ObjectLogger(logging.getLogger("t"), body, poster, final=(NamespaceTerminating,))
+    with pytest.raises(NamespaceTerminating):
+        await logger.event("Warning", "CannotRender", "server a is missing")
+    refusal[0] = KubeError("etcd is slow", 500, "InternalError")
+    await logger.event("Warning", "CannotRender", "server a is missing")
+    assert "could not post Event CannotRender: etcd is slow" in caplog.text
