@@ -79,6 +79,16 @@ class HttpIdleProbe:
         return Reading(verdict, details, " ".join(marks))
 
     async def _one(self, check: IdleCheck, address: Address) -> Reading:
+        reading = await self._read(check, address)
+        if check.method is Method.SLOTS and reading.verdict is Verdict.IDLE:
+            # llama.cpp frees a slot and only then hands it the request that waited in its
+            # queue, which `/slots` does not list; a reading taken between the two is idle
+            # with a request still to serve (seen on a loaded host). One more reading,
+            # sent once the first is answered, comes after the hand-off.
+            reading = await self._read(check, address)
+        return reading
+
+    async def _read(self, check: IdleCheck, address: Address) -> Reading:
         host, port = address
         url = f"http://{host}:{port}{check.path}"
         try:

@@ -30,12 +30,17 @@ class Pod:
         self.running = 0.0
         self.status = 200
         self.slots_body: bytes | None = None  # instead of the slots, when set
+        # the answers of the next /slots readings, before `processing` applies again
+        self.slots_script: list[bool] = []
+        self.slots_read = 0
 
     def app(self) -> web.Application:
         async def slots(request: web.Request) -> web.Response:
+            self.slots_read += 1
             if self.slots_body is not None:
                 return web.Response(body=self.slots_body, content_type="application/json")
-            return web.json_response([{"id": 0, "is_processing": self.processing}],
+            processing = self.slots_script.pop(0) if self.slots_script else self.processing
+            return web.json_response([{"id": 0, "is_processing": processing}],
                                      status=self.status)
 
         async def metrics(request: web.Request) -> web.Response:
@@ -83,6 +88,22 @@ async def test_slots_busy_on_any_pod_is_busy(pods: list[tuple[Pod, tuple[str, in
     pods[1][0].processing = True
     verdict, detail = await probe.probe(SLOTS, addresses)
     assert verdict is Verdict.BUSY and str(addresses[1][1]) in detail
+
+
+async def test_an_idle_slots_reading_is_confirmed_by_the_next(
+        pods: list[tuple[Pod, tuple[str, int]]], probe: HttpIdleProbe) -> None:
+    """llama.cpp's hand-off of a freed slot to a queued request: one reading idle, the next
+    busy. The probe reads again after an idle reading, and only two idle ones are idle."""
+    pod, address = pods[0]
+    pod.slots_script = [False, True]
+    verdict, detail = await probe.probe(SLOTS, [address])
+    assert verdict is Verdict.BUSY and "a slot is processing" in detail
+    assert pod.slots_read == 2
+    assert (await probe.probe(SLOTS, [address]))[0] is Verdict.IDLE
+    assert pod.slots_read == 4
+    pod.processing = True  # a busy reading needs no second one
+    assert (await probe.probe(SLOTS, [address]))[0] is Verdict.BUSY
+    assert pod.slots_read == 5
 
 
 async def test_vllm_running_requests_are_busy(pods: list[tuple[Pod, tuple[str, int]]],
