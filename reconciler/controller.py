@@ -7,7 +7,8 @@ actions are executed here) and a ModelRouter (its Deployment, ServiceAccount, Ro
 RoleBinding, Service and ConfigMap). Every watched change maps to the keys it concerns:
 a pod of a member wakes its server and its pool, a hand-edited Deployment wakes its owner,
 which applies it back. Nothing is done on a timer except what the swap asks for
-(`next_wakeup`), and nothing is written unless it differs from what the API server
+(`next_wakeup`) and the retry of a Deployment whose pods cannot be created
+(`_retry_creation`), and nothing is written unless it differs from what the API server
 holds, so an idle reconciler makes no writes.
 """
 
@@ -69,6 +70,9 @@ MEMBER_NOT_FOUND = "MemberNotFound"
 WAITING_FOR_MEMBERS = "WaitingForMembers"
 WAITING_FOR_SERVER = "WaitingForModelServer"
 APPLY_REFUSED = "ApplyRefused"  # the API server refused a rendered object
+# Set on a Deployment whose pods cannot be created, each time the reconciler retries it;
+# the Deployment controller copies it to the ReplicaSet, whose controller then tries again.
+CREATE_RETRIED = "modelpool.dev/create-retried-at"
 # Rendered servers kept (a handful per server: its replicas 0 and 1, in a pool or not).
 RENDER_CACHE_SIZE = 1024
 APPLIED_MEMO_SIZE = 16384
@@ -209,6 +213,9 @@ class Controller:
         self._prewarming: dict[tuple[str, str], tuple[str, bool]] = {}
         # (generation, when first seen) per pool and router: see `_settling`
         self._first_seen: dict[Key, tuple[int, float]] = {}
+        # When each Deployment whose pods cannot be created was last retried (or first
+        # seen failing), by (namespace, name): see `_retry_creation`.
+        self._create_retried: dict[tuple[str, str], float] = {}
         self.ready = ready if ready is not None else asyncio.Event()
 
     # Watch events to keys
@@ -571,6 +578,7 @@ class Controller:
             phase = "Pending"
         stalled = ("MemberOfTwoPools", f"{name} is a member of more than one pool") \
             if ambiguous else None
+        failure = None
         if phase in ("Ready", "Stopped"):
             why = "a pod is Ready" if phase == "Ready" else "stopped by its pool"
             ready_c = (True, phase, why)
@@ -605,6 +613,39 @@ class Controller:
             ),
         }
         await self._patch_status(self.servers, body, pool_status.status_patch(owned, status))
+        await self._retry_creation(Key(SERVER, namespace, name), namespace, name,
+                                   failure is not None, logger)
+
+    async def _retry_creation(self, key: Key, namespace: str, deployment: str,
+                              failing: bool, logger: ObjectLogger) -> None:
+        """While the pods of `deployment` cannot be created (`failing`: its ReplicaFailure
+        condition, no pod), have its ReplicaSet try again every `create_retry_seconds`,
+        and look at `key` again then. The ReplicaSet controller's own retries back off to
+        minutes (`scheduling.creation_retry`); an annotation on the Deployment, which the
+        Deployment controller copies to the ReplicaSet, puts the ReplicaSet back in its
+        controller's queue at once. So a pool recovers within that period of the cause
+        going (a namespace's Pod Security level lowered, a quota raised)."""
+        name = (namespace, deployment)
+        if not failing:
+            self._create_retried.pop(name, None)
+            return
+        now = self.clock()
+        last = self._create_retried.setdefault(name, now)  # its controller just tried
+        due, wait = scheduling.creation_retry(last, now, self.settings.create_retry_seconds)
+        if due:
+            self._create_retried[name] = now
+            patch = {"metadata": {"annotations": {CREATE_RETRIED: rfc3339(now)}}}
+            try:
+                await self.kube.strategic_merge_patch(k.DEPLOYMENTS, namespace, deployment,
+                                                      patch)
+            except k.NamespaceTerminating:
+                raise
+            except k.KubeError as e:  # tried again at the next period
+                logger.warning("pods of Deployment %s not retried: %s", deployment, e)
+            else:
+                self.metrics.api_writes_total.labels("patch", "Deployment").inc()
+                logger.info("pods of Deployment %s cannot be created: retrying", deployment)
+        self.queue.add_after(key, wait)
 
     async def _warn_once(self, body: Mapping[str, Any], logger: ObjectLogger,
                          stalled: tuple[str, str]) -> None:
@@ -1082,6 +1123,7 @@ class Controller:
                 "phase": server_status.get("phase") if b.model_server_ref else "External",
                 "ready": bool(b.url) or server_status.get("phase") == "Ready",
             })
+        failure = None
         if phase == "Ready":
             ready_c = (True, "Ready", f"{ready}/{wanted} router pods Ready")
             reconciling = None
@@ -1106,6 +1148,8 @@ class Controller:
             ),
         }
         await self._patch_status(self.routers, body, pool_status.status_patch(owned, status))
+        await self._retry_creation(Key(ROUTER, namespace, name), namespace,
+                                   router_object_name(name), failure is not None, logger)
 
 
 __all__ = ["LABEL_POOL", "Controller", "Key", "covers"]

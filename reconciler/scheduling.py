@@ -38,6 +38,17 @@ def creation_failure(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
+def creation_retry(last: float, now: float, every: float) -> tuple[bool, float]:
+    """Whether a Deployment whose pods cannot be created is due for a retry of its own
+    (`last`: when the reconciler last retried it, or first saw it fail), and the seconds
+    until the retry after that. The ReplicaSet controller retries by itself only on a
+    backoff that doubles from 5 ms to 1000 s and is reset by a success alone, so a pod
+    refused for minutes would wait minutes more once the cause is gone."""
+    if now - last >= every:
+        return True, every
+    return False, last + every - now
+
+
 # A container waiting for one of these is on its way; any other reason is a failure the
 # kubelet retries with backoff (CrashLoopBackOff, ImagePullBackOff, ErrImagePull,
 # CreateContainerConfigError, ...), and a person has to look.

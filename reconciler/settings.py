@@ -42,6 +42,10 @@ class Settings:
     metrics_port: int = 9090
     workers: int = 4
     log_level: str = "INFO"
+    # A rendered Deployment whose pods cannot be created (Pod Security, a quota) has its
+    # ReplicaSet retried this often, instead of on the ReplicaSet controller's own
+    # exponential backoff, which reaches minutes (`Controller._retry_creation`).
+    create_retry_seconds: float = 10.0
     leader: LeaderSettings = field(default_factory=LeaderSettings)
     swap: SwapSettings = field(default_factory=SwapSettings)
 
@@ -59,6 +63,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "modelpool-system)")
     p.add_argument("--lease-duration", type=float, default=15.0,
                    help="seconds a leader's Lease lasts unrenewed (renewed every third)")
+    p.add_argument("--create-retry", type=float, default=10.0,
+                   help="seconds between retries of a Deployment whose pods cannot be created")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -74,6 +80,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         metrics_port=args.metrics_port,
         workers=max(1, args.workers),
         log_level=args.log_level,
+        create_retry_seconds=max(1.0, args.create_retry),
         leader=LeaderSettings(
             enabled=args.leader_elect,
             namespace=lease_namespace,

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from e2e.harness import wait_established
 from reconciler.__main__ import run
+from reconciler.controller import CREATE_RETRIED
 from reconciler.kube import (
     MODEL_POOLS,
     MODEL_ROUTERS,
@@ -129,6 +130,8 @@ async def reconciler(
         bind_host="127.0.0.1",
         metrics_port=port,
         workers=4,
+        # a Deployment whose pods cannot be created is retried this often (10 s by default)
+        create_retry_seconds=2.0,
         # a pool's members may come up to 5 s after it before it is stalled: room for a
         # loaded machine in the test of a pool applied before its members
         swap=SwapSettings(probe_interval_seconds=0.5, probe_timeout_seconds=2.0,
@@ -907,13 +910,16 @@ async def test_a_member_the_scheduler_will_not_place_is_reported_with_who_holds_
     assert resident is not None and resident["reason"] == "Resident"
 
 
+@pytest.mark.timeout(300)  # without the reconciler's retries: 15 refusals take 160 s
 async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:
     """A member whose weights are a hostPath, in a namespace that enforces the
     `restricted` Pod Security level: its ReplicaSet cannot create its pod, so there is no
     pod to say why. The pool says it (condition and Event, in the API server's words)
-    instead of waiting silently, and loads once the namespace allows the pod."""
+    instead of waiting silently, and loads once the namespace allows the pod: within the
+    reconciler's retry period, though the ReplicaSet controller's own next try is by then
+    over a minute away."""
     kubectl("label", "namespace", namespace, "--overwrite",
             "pod-security.kubernetes.io/enforce=restricted")
     member = server("a")
@@ -935,11 +941,27 @@ async def test_a_member_whose_pods_cannot_be_created_is_reported_with_the_reason
                                 "the ModelServer to say its pods cannot be created")
     assert said["message"] == ready["message"], (said, ready)
 
+    # The ReplicaSet controller retries a refused pod after a backoff that doubles from
+    # 5 ms with each failure and is reset by a success alone: after 15 failures its next
+    # try is 5 ms x 2^14 = 82 s away. The reconciler's retries (every 2 s here) count too.
+    async def failures() -> int | None:
+        events = kubectl.json("get", "events", "-n", namespace)["items"]
+        n = sum(int(e.get("count") or 1) for e in events
+                if (e.get("involvedObject") or {}).get("kind") == "ReplicaSet"
+                and e.get("reason") == "FailedCreate")
+        return n if n >= 15 else None
+
+    await eventually(failures, "15 refused creations of a's pod", 240)
     kubectl("label", "namespace", namespace, "--overwrite",
             "pod-security.kubernetes.io/enforce=privileged")
+    relabelled = time.monotonic()
     body = await ready_with(reconciler, "a")
     resident = condition(body, "Ready")
     assert resident is not None and resident["reason"] == "Resident"
+    waited = time.monotonic() - relabelled
+    assert waited < 40, f"a loaded {waited:.0f}s after its pods were allowed"
+    deployment = kubectl.json("get", "deployment", "a", "-n", namespace)
+    assert CREATE_RETRIED in deployment["metadata"]["annotations"], deployment["metadata"]
 
 
 @contextlib.asynccontextmanager

@@ -128,3 +128,13 @@ def test_an_init_container_that_fails_is_named() -> None:
     assert scheduling.container_failure(pod) == (
         "CrashLoopBackOff",
         "container fetch: CrashLoopBackOff (restarted once; the last run exited 2, Error)")
+
+
+def test_a_deployment_that_cannot_create_its_pods_is_retried_once_a_period() -> None:
+    every = 10.0
+    # first seen failing at 100: its controller has just tried, so not yet
+    assert scheduling.creation_retry(100.0, 100.0, every) == (False, 10.0)
+    assert scheduling.creation_retry(100.0, 104.0, every) == (False, 6.0)
+    # a period on: due, and the next a whole period after this one
+    assert scheduling.creation_retry(100.0, 110.0, every) == (True, 10.0)
+    assert scheduling.creation_retry(100.0, 131.5, every) == (True, 10.0)
