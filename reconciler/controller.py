@@ -545,6 +545,7 @@ class Controller:
     async def reconcile_server(self, namespace: str, name: str) -> None:
         body = self.servers.get(namespace, name)
         if body is None:
+            self._create_retried.pop((namespace, name), None)
             return  # garbage collection removes what it owned
         logger = self._logger(body)
         meta = _meta(body)
@@ -1066,6 +1067,7 @@ class Controller:
         body = self.routers.get(namespace, name)
         if body is None:
             self._first_seen.pop(Key(ROUTER, namespace, name), None)
+            self._create_retried.pop((namespace, router_object_name(name)), None)
             return
         meta = _meta(body)
         if meta.get("deletionTimestamp"):
