@@ -140,8 +140,14 @@ def test_three_replicas_swap_no_more_than_one_on_the_same_trace(
     harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=60)
     three = harness.wait_router_ready(kubectl, namespace, "three", replicas=3, within=60)
     (one,) = harness.wait_router_ready(kubectl, namespace, "one", replicas=1, within=60)
-    # One Service fronts the three pods.
-    assert endpoint_addresses(kubectl, namespace, "three-router") == {p.ip for p in three}
+    # One Service fronts the three pods. The EndpointSlice controller publishes a pod's
+    # readiness after the pod's own status says Ready, so this waits for it to catch up.
+    addresses = {p.ip for p in three if p.ip}
+    harness.eventually(
+        lambda: True if endpoint_addresses(kubectl, namespace, "three-router") == addresses
+        else None,
+        f"the three-router Service's ready endpoints to be {sorted(addresses)}", 30,
+        explain=lambda: sorted(endpoint_addresses(kubectl, namespace, "three-router")))
 
     results: dict[str, tuple[float, list[int | str]]] = {}
     with harness.MemberWatch(kubectl, namespace) as watch:
