@@ -35,7 +35,7 @@ from e2e.harness import Json
 from e2e.local.fixtures import Kubectl
 from e2e.local.paths import REPO_ROOT
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.build("prometheus")]
 
 DASHBOARD = REPO_ROOT / "overlays" / "production" / "grafana" / "modelpool.json"
 BUILD = REPO_ROOT / "e2e" / "prometheus" / "build.sh"

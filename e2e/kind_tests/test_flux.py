@@ -42,7 +42,7 @@ import yaml
 from e2e import harness
 from e2e.local.fixtures import Kubectl
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.build("flux")]
 
 ROOT = Path(__file__).resolve().parents[2]
 UP = ROOT / "e2e" / "flux" / "up.sh"

@@ -103,6 +103,8 @@ def _swap_through_router(kubectl: Kubectl, namespace: str, model: str) -> None:
 # module, which installs and removes the base's own, stays on the local testbed.
 TESTBED = "local"
 cluster = local_fixtures.private_cluster("gitops-cluster")
+# Argo CD's controllers: scripts/test builds them while the other tests run.
+pytestmark = pytest.mark.build("argocd")
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from e2e.fake_model.harness import free_port, run_fake_model
 from e2e.llama import models
 from e2e.local.paths import REPO_ROOT
 
-pytestmark = pytest.mark.functional
+pytestmark = [pytest.mark.functional, pytest.mark.build("llama-server")]
 
 BUILD = REPO_ROOT / "e2e" / "llama" / "build-llama-server.sh"
 SLOTS = 2

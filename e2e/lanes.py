@@ -1,0 +1,92 @@
+"""The lanes `scripts/test` runs side by side, each a pytest process of its own.
+
+Every test belongs to exactly one lane, by where it runs:
+
+- `host`: tests/unit and tests/functional (processes and sockets on this machine, no
+  cluster);
+- `local`: tests/integration and the e2e modules that only the local testbed hosts (a
+  module-level `TESTBED = "local"`): each lane process starts its own control plane;
+- `kind`: e2e/kind_tests and the e2e modules that run on the testbed of this run
+  (`e2e.testbeds.chosen()`), which `scripts/test` makes kind.
+
+A test that needs something built beyond what its lane starts with carries
+`pytest.mark.build("NAME")` (llama-server, flux, prometheus, argocd): `--builds=none` leaves
+it out and `--builds=only` runs only such tests, so a lane starts while those builds go on
+and runs them after. Without `--lane` and `--builds`, every test is selected, as before.
+
+`pytest --lane X` for each lane, once with `--builds=none` and once with `--builds=only`,
+selects every collected test exactly once: tests/unit/test_lanes.py holds that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from e2e import testbeds
+from e2e.local.paths import REPO_ROOT
+
+LANES = ("host", "local", "kind")
+HOST_DIRECTORIES = (REPO_ROOT / "tests" / "unit", REPO_ROOT / "tests" / "functional")
+E2E_DIRECTORY = REPO_ROOT / "e2e" / "tests"
+KIND_DIRECTORY = REPO_ROOT / "e2e" / "kind_tests"
+BUILDS = ("none", "only")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("lanes", "the lanes scripts/test runs side by side (e2e/lanes.py)")
+    group.addoption("--lane", choices=LANES, default=None,
+                    help="run only the tests of this lane")
+    group.addoption("--builds", choices=BUILDS, default=None,
+                    help="none: leave out tests marked build(...); only: run only those")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "build(name): needs the named build (scripts/test runs it after that build)")
+
+
+def lane_of(path: Path, module_testbed: str | None) -> str:
+    """The lane of a test in the file `path`, whose module chose `module_testbed` (its
+    `TESTBED`, or None)."""
+    resolved = path.resolve()
+    if any(resolved.is_relative_to(d) for d in HOST_DIRECTORIES):
+        return "host"
+    if resolved.is_relative_to(KIND_DIRECTORY):
+        return "kind"
+    if resolved.is_relative_to(E2E_DIRECTORY):
+        return "kind" if testbeds.chosen(module_testbed) == testbeds.KIND else "local"
+    return "local"
+
+
+def selected(item: pytest.Item, lane: str | None, builds: str | None) -> bool:
+    if lane is not None:
+        module = getattr(item, "module", None)
+        if lane_of(Path(str(item.path)), getattr(module, "TESTBED", None)) != lane:
+            return False
+    if builds is not None:
+        needs_build = item.get_closest_marker("build") is not None
+        return needs_build == (builds == "only")
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lane: str | None = config.getoption("--lane")
+    builds: str | None = config.getoption("--builds")
+    if lane is None and builds is None:
+        return
+    keep, drop = partition(items, lane, builds)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def partition(items: Sequence[pytest.Item], lane: str | None,
+              builds: str | None) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (keep if selected(item, lane, builds) else drop).append(item)
+    return keep, drop

@@ -1,0 +1,379 @@
+"""The stages of the test command (`scripts/test`): builds and test lanes, side by side.
+
+`scripts/test` installs the Python packages, then runs `python -m e2e.stages [PYTEST ARGS]`.
+Each stage is a command that starts once the stages it needs have passed:
+
+    lint ──────────────────────────────────────────────── (ruff and mypy)
+    control plane ─ llama-server ─ kind ─ flux ─ prometheus ─ argocd      (the builds, one
+      │                  │           │      │        │          │         at a time: each
+      │                  │           │      └────────┴──┐       │         fills both cores)
+    host tests ─────── host tests needing llama-server  │       │
+      └ local tests ─────────── local tests needing argocd ─────┘
+                                    kind tests ── kind tests needing flux, prometheus
+
+A test lane is a pytest process of its own (`e2e/lanes.py` says which tests each holds):
+the tests that wait on kubelets, controllers and swaps run while the builds and the
+computing tests fill the CPUs. A lane's tests that need a later build (`pytest.mark.build`)
+run once that build is done. With PYTEST ARGS, the builds run first and then one pytest
+with those arguments, as a developer asks for.
+
+Every stage has a budget, cold (its caches empty) and warm; a stage that took longer than
+its budget is named in a warning where it ends and again in the summary, so the change that
+adds minutes is seen where it is made. A stage is warm when its output says so (the build
+scripts print `cache warm`, e2e/kind/up.sh `reusing it`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from e2e.local.paths import REPO_ROOT
+
+PYTHON = sys.executable
+LANE_ARGS = ("--durations=15", "-p", "no:cacheprovider")
+COLLECT = "collect every test"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Seconds a stage may take, with cold caches and with warm ones."""
+
+    cold: float
+    warm: float
+
+    def of(self, warm: bool) -> float:
+        return self.warm if warm else self.cold
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    argv: tuple[str, ...]
+    budget: Budget
+    needs: tuple[str, ...] = ()
+    # Its output says its caches were warm (None: the same budget either way).
+    warm_marker: str | None = None
+    # The environment variable its last line of stdout is handed to later stages as.
+    exports: str | None = None
+    # Niceness: stages off the critical path yield the CPUs to those on it.
+    nice: int = 0
+    # Its output goes to its log file only, summarised at the end (a pytest lane's dots
+    # would interleave with the others').
+    quiet: bool = False
+
+
+@dataclass
+class Outcome:
+    stage: Stage
+    state: str = "waiting"  # waiting, running, passed, failed, not run
+    started: float = 0.0
+    ended: float = 0.0
+    warm: bool = False
+    detail: str = ""
+    last_line: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    def over_budget(self) -> bool:
+        return self.state in ("passed", "failed") and self.seconds > self.stage.budget.of(
+            self.warm)
+
+
+def minutes(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
+def budget_note(outcome: Outcome) -> str:
+    budget = outcome.stage.budget
+    kind = "warm" if outcome.warm else "cold"
+    note = (f"{minutes(outcome.seconds)} (budget {kind} {minutes(budget.of(outcome.warm))}; "
+            f"cold {minutes(budget.cold)}, warm {minutes(budget.warm)})")
+    if outcome.over_budget():
+        note += f" WARNING: over its {kind} budget"
+    return note
+
+
+def ready(stage: Stage, outcomes: Mapping[str, Outcome]) -> str | None:
+    """'go' when every stage `stage` needs passed, a reason when one failed or was not run,
+    None while one is still to finish."""
+    for need in stage.needs:
+        state = outcomes[need].state
+        if state in ("failed", "not run"):
+            return f"{need} {'failed' if state == 'failed' else 'was not run'}"
+        if state != "passed":
+            return None
+    return "go"
+
+
+def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[str, ...],
+                 budget: Budget, extra: Sequence[str] = (), nice: int = 0) -> Stage:
+    # A folder of its own for each lane's temporary files, short for the Unix sockets in it.
+    basetemp = tempfile.mkdtemp(prefix="mp")
+    argv = [PYTHON, "-m", "pytest", *LANE_ARGS, f"--basetemp={basetemp}"]
+    if lane is not None:
+        argv += ["--lane", lane]
+    if builds is not None:
+        argv += ["--builds", builds]
+    return Stage(name, (*argv, *extra), budget, needs, nice=nice, quiet=True)
+
+
+def build(name: str, script: str, budget: Budget, needs: tuple[str, ...], *,
+          warm_marker: str = "cache warm", exports: str | None = None, nice: int = 0) -> Stage:
+    return Stage(name, ("bash", str(REPO_ROOT / script)), budget, needs,
+                 warm_marker=warm_marker, exports=exports, nice=nice)
+
+
+def builds() -> list[Stage]:
+    """The builds, one after another in the order the lanes want them (each fills the CPUs
+    alone; two at once would each take twice as long). Budgets: the cold figures of
+    docs/benchmarks.md with a third of room, warm a few seconds (kind: its images rebuilt)."""
+    return [
+        build("control plane", "e2e/build-control-plane.sh", Budget(420, 10), ()),
+        build("llama-server", "e2e/llama/build-llama-server.sh", Budget(360, 10),
+              ("control plane",)),
+        build("kind", "e2e/kind/up.sh", Budget(840, 180), ("llama-server",),
+              warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
+        build("flux", "e2e/flux/build.sh", Budget(480, 10), ("kind",)),
+        build("prometheus", "e2e/prometheus/build.sh", Budget(150, 10), ("flux",)),
+        build("argocd", "e2e/argocd/build.sh", Budget(300, 10), ("prometheus",)),
+    ]
+
+
+def lint() -> Stage:
+    return Stage("lint", ("bash", str(REPO_ROOT / "scripts" / "lint")), Budget(90, 45))
+
+
+def plan(pytest_args: Sequence[str]) -> list[Stage]:
+    """Every stage of a run: the lanes, or with `pytest_args` one pytest after the builds."""
+    stages = [lint(), *builds()]
+    if pytest_args:
+        every_build = tuple(s.name for s in stages)
+        return [*stages, Stage("pytest", (PYTHON, "-m", "pytest", *pytest_args),
+                               Budget(1800, 1800), every_build)]
+    return [
+        *stages,
+        Stage(COLLECT, (PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"),
+              Budget(60, 60), quiet=True),
+        # The computing tests yield the CPUs to the builds on the way to kind.
+        pytest_stage("host tests", "host", "none", (), Budget(420, 300), nice=5),
+        pytest_stage("host tests needing builds", "host", "only",
+                     ("host tests", "llama-server"), Budget(60, 60)),
+        pytest_stage("local tests", "local", "none", ("control plane",), Budget(600, 480)),
+        pytest_stage("local tests needing builds", "local", "only",
+                     ("local tests", "argocd"), Budget(300, 300)),
+        pytest_stage("kind tests", "kind", "none", ("kind",), Budget(720, 600)),
+        pytest_stage("kind tests needing builds", "kind", "only",
+                     ("kind tests", "flux", "prometheus"), Budget(420, 420)),
+    ]
+
+
+@dataclass
+class Run:
+    stages: Sequence[Stage]
+    log_dir: Path
+    base_env: Mapping[str, str]
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    exported: dict[str, str] = field(default_factory=dict)
+    begun: float = field(default_factory=time.monotonic)
+
+    def say(self, line: str) -> None:
+        clock = time.strftime("%H:%M:%S")
+        print(f"[test {clock} +{minutes(time.monotonic() - self.begun)}] {line}",
+              file=sys.stderr, flush=True)
+
+    async def go(self) -> bool:
+        self.outcomes = {s.name: Outcome(s) for s in self.stages}
+        changed = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+        while any(o.state in ("waiting", "running") for o in self.outcomes.values()):
+            for outcome in self.outcomes.values():
+                if outcome.state != "waiting":
+                    continue
+                verdict = ready(outcome.stage, self.outcomes)
+                if verdict == "go":
+                    outcome.state = "running"
+                    tasks.add(asyncio.create_task(self._run(outcome, changed)))
+                elif verdict is not None:
+                    outcome.state, outcome.detail = "not run", verdict
+                    self.say(f"{outcome.stage.name}: not run ({verdict})")
+                    changed.set()
+            if changed.is_set():
+                changed.clear()
+                continue
+            await changed.wait()
+            changed.clear()
+        await asyncio.gather(*tasks)
+        return all(o.state == "passed" for o in self.outcomes.values())
+
+    async def _run(self, outcome: Outcome, changed: asyncio.Event) -> None:
+        stage = outcome.stage
+        outcome.started = time.monotonic()
+        log_path = self.log_path(stage.name)
+        env = {**self.base_env, **self.exported}
+        if stage.quiet:
+            env["MODELPOOL_TEST_LANE"] = stage.name
+        self.say(f"{stage.name}: started (log {log_path})")
+        try:
+            code = await self._execute(stage, env, log_path, outcome)
+        except Exception as e:  # the stage could not even start: say why, go on
+            code, outcome.detail = -1, f"{type(e).__name__}: {e}"
+        outcome.ended = time.monotonic()
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        outcome.warm = stage.warm_marker is not None and stage.warm_marker in text
+        if code == 0:
+            outcome.state = "passed"
+            if stage.exports:
+                self.exported[stage.exports] = outcome.last_line
+        else:
+            outcome.state = "failed"
+            outcome.detail = outcome.detail or f"exit {code}"
+        if stage.quiet:
+            for line in report_lines(text, failed=code != 0):
+                self.say(f"{stage.name}: {line}")
+        self.say(f"{stage.name}: {outcome.state} in {budget_note(outcome)}")
+        changed.set()
+
+    async def _execute(self, stage: Stage, env: Mapping[str, str], log_path: Path,
+                       outcome: Outcome) -> int:
+        argv = ("nice", "-n", str(stage.nice), *stage.argv) if stage.nice else stage.argv
+        with log_path.open("w") as log:
+            process = await asyncio.create_subprocess_exec(
+                *argv, cwd=REPO_ROOT, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)
+            try:
+                assert process.stdout is not None and process.stderr is not None
+                await asyncio.gather(
+                    self._pump(stage, process.stdout, log, outcome, stdout=True),
+                    self._pump(stage, process.stderr, log, outcome, stdout=False))
+                return await process.wait()
+            finally:
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, 15)
+                    await process.wait()
+
+    async def _pump(self, stage: Stage, stream: asyncio.StreamReader, log: TextIO,
+                    outcome: Outcome, *, stdout: bool) -> None:
+        while raw := await stream.readline():
+            line = raw.decode(errors="replace").rstrip("\n")
+            log.write(line + "\n")
+            if stdout and line.strip():
+                outcome.last_line = line.strip()
+            if not stage.quiet and not stdout:
+                print(f"[{stage.name}] {line}", file=sys.stderr, flush=True)
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".log")
+
+    def log_of(self, name: str) -> str:
+        path = self.log_path(name)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def lanes_cover_the_suite(self) -> str | None:
+        lanes = [s.name for s in self.stages if s.quiet and s.name != COLLECT]
+        return coverage_gap(self.log_of(COLLECT), [self.log_of(n) for n in lanes])
+
+    def summary(self) -> list[str]:
+        rows = [f"{'stage':<28} {'state':<8} {'start':>7} {'time':>7}  budget"]
+        for o in self.outcomes.values():
+            start = minutes(o.started - self.begun) if o.started else "-"
+            took = minutes(o.seconds) if o.ended else "-"
+            budget = o.stage.budget
+            note = f"cold {minutes(budget.cold)}, warm {minutes(budget.warm)}"
+            if o.ended:
+                note = ("warm " if o.warm else "cold ") + minutes(budget.of(o.warm))
+                if o.over_budget():
+                    note += "  WARNING: over budget"
+            detail = f" ({o.detail})" if o.detail else ""
+            rows.append(f"{o.stage.name:<28} {o.state:<8} {start:>7} {took:>7}  {note}{detail}")
+        return rows
+
+
+SECTION = re.compile(r"^=+ (.*) =+$")
+TOTAL = re.compile(r"\b(passed|failed|errors?|no tests ran)\b")
+REPORT_LINES = 3000
+
+
+def report_lines(text: str, *, failed: bool) -> list[str]:
+    """What a quiet pytest lane wrote that matters in the run's own output: its slowest
+    tests and its total, and when it failed everything from its first failure on."""
+    lines = text.splitlines()
+    wanted = ("slowest", "short test summary", *(("FAILURES", "ERRORS") if failed else ()))
+    shown: list[str] = []
+    section = ""
+    for line in lines:
+        heading = SECTION.match(line)
+        if heading:
+            section = heading.group(1)
+        if section.startswith(wanted) or (heading and TOTAL.search(section)):
+            shown.append(line)
+    if failed and not shown:  # it failed before pytest reported anything: its last words
+        shown = lines[-60:]
+    return shown[-REPORT_LINES:]
+
+
+COUNTED = re.compile(r"(\d+) (passed|skipped|xfailed|xpassed)\b")
+COLLECTED = re.compile(r"^(\d+) tests? collected")
+
+
+def ran(text: str) -> int:
+    """How many tests a pytest run's final line says ran to an end (passed or skipped)."""
+    totals = [line for line in text.splitlines() if SECTION.match(line)]
+    return sum(int(n) for n, _ in COUNTED.findall(totals[-1])) if totals else 0
+
+
+def coverage_gap(collected_log: str, lane_logs: Sequence[str]) -> str | None:
+    """None when the lanes ran as many tests as one pytest collects, else what differs."""
+    found = [int(m.group(1)) for line in collected_log.splitlines()
+             if (m := COLLECTED.match(line.strip()))]
+    if not found:
+        return "the collection printed no total"
+    lanes = sum(ran(log) for log in lane_logs)
+    if lanes != found[-1]:
+        return f"the lanes ran {lanes} tests, but pytest collects {found[-1]}"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m e2e.stages [PYTEST ARGS]`; MODELPOOL_TEST_LOGS names the log folder
+    (default: a new temporary one)."""
+    pytest_args = list(sys.argv[1:] if argv is None else argv)
+    chosen = os.environ.get("MODELPOOL_TEST_LOGS")
+    log_dir = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix="modelpool-test."))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    # e2e/tests run on kind unless a module says otherwise; the lanes depend on it.
+    env.setdefault("MODELPOOL_E2E_TESTBED", "kind")
+    run = Run(plan(pytest_args), log_dir, env)
+    run.say(f"logs in {log_dir}")
+    passed = asyncio.run(run.go())
+    if passed and not pytest_args:
+        gap = run.lanes_cover_the_suite()
+        if gap is not None:
+            run.say(f"FAILED: {gap} (e2e/lanes.py must put every test in one lane)")
+            passed = False
+        else:
+            run.say("every collected test ran in one lane")
+    for row in run.summary():
+        run.say(row)
+    run.say(f"{'passed' if passed else 'FAILED'} in {minutes(time.monotonic() - run.begun)}"
+            " (after the Python packages)")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

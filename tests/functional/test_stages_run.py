@@ -1,0 +1,93 @@
+"""e2e/stages.py runs real processes: stages side by side once what they need passed, a
+failure stops what depends on it and nothing else, a stage's last line reaches the stages
+after it, and a stage's warm marker picks its budget."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from e2e.stages import Budget, Run, Stage
+
+pytestmark = pytest.mark.functional
+
+ROOMY = Budget(60, 60)
+
+
+def sh(name: str, script: str, *needs: str, **options: object) -> Stage:
+    return Stage(name, ("bash", "-c", script), ROOMY, needs, **options)  # type: ignore[arg-type]
+
+
+def waits_for(mine: Path, other: Path) -> str:
+    """Writes `mine`, then waits up to 30 s for `other`."""
+    return (f"touch {mine}; for i in $(seq 300); do [[ -e {other} ]] && exit 0; sleep 0.1; done;"
+            " exit 1")
+
+
+def run(tmp_path: Path, *plan: Stage) -> tuple[bool, Run]:
+    done = Run(plan, tmp_path, {"PATH": "/usr/bin:/bin"})
+    return asyncio.run(done.go()), done
+
+
+def test_stages_wait_for_what_they_need_and_pass_on_its_last_line(tmp_path: Path) -> None:
+    order = tmp_path / "order"
+    passed, done = run(
+        tmp_path,
+        sh("build", f"echo build >>{order}; echo noise; echo /the/kubeconfig",
+           exports="KUBECONFIG_PATH", warm_marker="cache warm"),
+        sh("lane", f'echo "lane $KUBECONFIG_PATH" >>{order}', "build"),
+    )
+    assert passed
+    assert order.read_text().splitlines() == ["build", "lane /the/kubeconfig"]
+    assert [o.state for o in done.outcomes.values()] == ["passed", "passed"]
+    assert not done.outcomes["build"].warm
+
+
+def test_independent_stages_run_side_by_side(tmp_path: Path) -> None:
+    """Each waits for a file the other writes: only together can both finish."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    passed, _ = run(
+        tmp_path,
+        sh("one", waits_for(a, b)),
+        sh("two", waits_for(b, a)),
+    )
+    assert passed
+
+
+def test_a_failure_stops_what_needs_it_and_nothing_else(tmp_path: Path) -> None:
+    passed, done = run(
+        tmp_path,
+        sh("broken", "echo oops >&2; exit 3"),
+        sh("after", "exit 0", "broken"),
+        sh("after that", "exit 0", "after"),
+        sh("aside", "exit 0"),
+    )
+    assert not passed
+    states = {name: (o.state, o.detail) for name, o in done.outcomes.items()}
+    assert states == {
+        "broken": ("failed", "exit 3"),
+        "after": ("not run", "broken failed"),
+        "after that": ("not run", "after was not run"),
+        "aside": ("passed", ""),
+    }
+    assert "oops" in (tmp_path / "broken.log").read_text()
+
+
+def test_a_stage_that_cannot_start_fails_with_the_reason(tmp_path: Path) -> None:
+    passed, done = run(tmp_path, Stage("missing", ("/no/such/program",), ROOMY))
+    assert not passed
+    assert "FileNotFoundError" in done.outcomes["missing"].detail
+
+
+def test_a_warm_stage_is_held_to_its_warm_budget(tmp_path: Path) -> None:
+    passed, done = run(
+        tmp_path,
+        Stage("warm build", ("bash", "-c", "echo 'cache warm: /x' >&2; sleep 0.3"),
+              Budget(cold=60, warm=0.1), warm_marker="cache warm"),
+    )
+    assert passed
+    outcome = done.outcomes["warm build"]
+    assert outcome.warm and outcome.over_budget()
+    assert any("WARNING: over budget" in row for row in done.summary())

@@ -1,0 +1,101 @@
+"""e2e/lanes.py: the lanes scripts/test runs side by side hold every test exactly once."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from e2e import lanes, stages
+from e2e.local.paths import REPO_ROOT
+
+pytestmark = pytest.mark.unit
+
+SELECTIONS = list(itertools.product(lanes.LANES, lanes.BUILDS))
+
+
+@dataclass
+class FakeItem:
+    """What the lanes read of a collected test."""
+
+    path: Path
+    module: SimpleNamespace
+    build: str | None
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return self.build if name == "build" else None
+
+
+def item(directory: str, testbed: str | None = None, build: str | None = None) -> FakeItem:
+    module = SimpleNamespace() if testbed is None else SimpleNamespace(TESTBED=testbed)
+    return FakeItem(REPO_ROOT / directory / "test_x.py", module, build)
+
+
+@pytest.mark.parametrize(("directory", "testbed", "lane"), [
+    ("tests/unit", None, "host"),
+    ("tests/functional", None, "host"),
+    ("tests/integration", None, "local"),
+    ("e2e/tests", None, "kind"),
+    ("e2e/tests", "local", "local"),
+    ("e2e/kind_tests", None, "kind"),
+])
+@pytest.mark.parametrize("build", [None, "argocd"])
+def test_every_test_is_selected_by_exactly_one_lane_and_phase(
+        monkeypatch: pytest.MonkeyPatch, directory: str, testbed: str | None, lane: str,
+        build: str | None) -> None:
+    monkeypatch.setenv("MODELPOOL_E2E_TESTBED", "kind")
+    test = item(directory, testbed, build)
+    chosen = [(ln, b) for ln, b in SELECTIONS
+              if lanes.selected(test, ln, b)]  # type: ignore[arg-type]
+    assert chosen == [(lane, "only" if build else "none")]
+
+
+def test_without_a_lane_every_test_is_selected() -> None:
+    for test in (item("tests/unit"), item("e2e/kind_tests", build="flux")):
+        assert lanes.selected(test, None, None)  # type: ignore[arg-type]
+
+
+def test_the_e2e_suite_follows_the_testbed_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODELPOOL_E2E_TESTBED", "local")
+    assert lanes.lane_of(REPO_ROOT / "e2e" / "tests" / "test_x.py", None) == "local"
+    monkeypatch.setenv("MODELPOOL_E2E_TESTBED", "kind")
+    assert lanes.lane_of(REPO_ROOT / "e2e" / "tests" / "test_x.py", None) == "kind"
+
+
+BUILD_MARK = re.compile(r"pytest\.mark\.build\(\"([a-z-]+)\"\)")
+
+
+def needs(plan: list[stages.Stage], name: str) -> set[str]:
+    """Every stage `name` waits for, directly or through another."""
+    by_name = {s.name: s for s in plan}
+    found: set[str] = set()
+    todo = list(by_name[name].needs)
+    while todo:
+        if (need := todo.pop()) not in found:
+            found.add(need)
+            todo.extend(by_name[need].needs)
+    return found
+
+
+def test_a_test_marked_with_a_build_runs_after_that_build(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each `pytest.mark.build("X")` in the suite names a build stage, and the stage that
+    runs the tests of its lane needing builds waits for X."""
+    monkeypatch.setenv("MODELPOOL_E2E_TESTBED", "kind")
+    plan = stages.plan([])
+    stage_of_lane = {s.argv[s.argv.index("--lane") + 1]: s.name for s in plan
+                     if "--lane" in s.argv and s.argv[s.argv.index("--builds") + 1] == "only"}
+    marked = []
+    for directory in ("tests", "e2e/tests", "e2e/kind_tests"):
+        for path in sorted((REPO_ROOT / directory).rglob("test_*.py")):
+            source = path.read_text()
+            testbed = re.search(r'^TESTBED = "(\w+)"', source, re.M)
+            for build in BUILD_MARK.findall(source):
+                lane = lanes.lane_of(path, testbed.group(1) if testbed else None)
+                marked.append((path.name, build))
+                assert build in needs(plan, stage_of_lane[lane]), (path, build)
+    assert len(marked) >= 4, marked  # llama-server, argocd, flux, prometheus at least
