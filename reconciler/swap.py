@@ -112,9 +112,7 @@ class PoolConfig:
         after = self.idle_unload_after or 0.0
         return min(MAX_ACTIVITY_INTERVAL, max(self.probe_interval, after / 4))
 
-    def outranks(self, member: str, other: str | None) -> bool:
-        if other is None:
-            return True
+    def outranks(self, member: str, other: str) -> bool:
         return self.priorities.get(member, 0) > self.priorities.get(other, 0)
 
 
@@ -529,7 +527,7 @@ def _maybe_start(state: PoolState, now: float) -> tuple[PoolState, list[Action]]
     request = state.request
     if request is not None and request.member is not None and not _answered(state, request):
         if request.member not in state.config.members:
-            return _reject(state, request, now)
+            return _reject(state, request.member, request.generation, now)
         if request.member != state.resident:
             return _start(state, request.member, request.generation, now)
         return state, []
@@ -594,13 +592,14 @@ def _start(
     return new, actions
 
 
-def _reject(state: PoolState, request: Request, now: float) -> tuple[PoolState, list[Action]]:
-    member = request.member or ""
+def _reject(
+    state: PoolState, member: str, generation: int, now: float
+) -> tuple[PoolState, list[Action]]:
     message = f"{member} is not a member of this pool"
     last = LastSwap(
         from_=state.resident,
         to=member,
-        generation=request.generation,
+        generation=generation,
         start=now,
         duration=0.0,
         outcome=Outcome.FAILED,
@@ -608,11 +607,11 @@ def _reject(state: PoolState, request: Request, now: float) -> tuple[PoolState, 
         message=message,
     )
     actions: list[Action] = [
-        ClearRequest(request.generation),
+        ClearRequest(generation),
         EmitEvent("Warning", NOT_A_MEMBER, message),
         RecordFailure(member, NOT_A_MEMBER),
     ]
-    return replace(state, last_swap=last, answered=request.generation), actions
+    return replace(state, last_swap=last, answered=generation), actions
 
 
 def _call_off_reclaim(state: PoolState, now: float) -> PoolState:
@@ -756,8 +755,8 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
         state = replace(state, swap=swap)
     if observed.ready.get(swap.to, 0) < 1:
         return state, actions
-    loaded_from = swap.scheduled_at if swap.scheduled_at is not None else swap.phase_started
-    swap = replace(swap, durations=(*swap.durations, ("load", now - loaded_from)))
+    assert swap.scheduled_at is not None  # set above at the latest: a Ready pod was placed
+    swap = replace(swap, durations=(*swap.durations, ("load", now - swap.scheduled_at)))
     duration = now - swap.started
     last = LastSwap(
         from_=swap.from_,

@@ -362,7 +362,7 @@ def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Ac
     state = _apply(state, event, now, actions)
     state = _expire(state, now, actions)
     state = _admit(state, now, actions)
-    state = _decide(state, now, actions)
+    state = _decide(state, actions)
     return state, actions
 
 
@@ -530,7 +530,7 @@ def _admit(state: PoolState, now: float, actions: list[Action]) -> PoolState:
     return state
 
 
-def _decide(state: PoolState, now: float, actions: list[Action]) -> PoolState:
+def _decide(state: PoolState, actions: list[Action]) -> PoolState:
     """Write at most one request change: ask for the member the oldest waiter wants, or
     withdraw our own request that nobody here waits for any more."""
     status = state.status
