@@ -18,6 +18,9 @@ import pytest
 from e2e import harness
 from e2e.local import controlplane, demo
 
+# The demo starts a local cluster of its own, whatever testbed the run's other e2e tests use.
+TESTBED = "local"
+
 
 @pytest.mark.timeout(400)
 def test_the_demo_narrates_a_swap_and_leaves_the_router_serving(tmp_path: Path) -> None:
