@@ -61,6 +61,9 @@ class Stage:
     argv: tuple[str, ...]
     budget: Budget
     needs: tuple[str, ...] = ()
+    # Stages that must have ended first, passed or not (a lane's second pytest runs after its
+    # first, whatever the first found).
+    after: tuple[str, ...] = ()
     # Its output says its caches were warm (None: the same budget either way).
     warm_marker: str | None = None
     # The environment variable its last line of stdout is handed to later stages as.
@@ -97,29 +100,35 @@ def minutes(seconds: float) -> str:
 
 
 def budget_note(outcome: Outcome) -> str:
+    """'5m01s (cold budget 5m00s, warm 5s) WARNING: over its cold budget'."""
     budget = outcome.stage.budget
     kind = "warm" if outcome.warm else "cold"
-    note = (f"{minutes(outcome.seconds)} (budget {kind} {minutes(budget.of(outcome.warm))}; "
-            f"cold {minutes(budget.cold)}, warm {minutes(budget.warm)})")
+    if budget.cold == budget.warm:
+        note = f"{minutes(outcome.seconds)} (budget {minutes(budget.cold)})"
+    else:
+        other = "cold" if outcome.warm else "warm"
+        note = (f"{minutes(outcome.seconds)} ({kind} budget {minutes(budget.of(outcome.warm))}, "
+                f"{other} {minutes(budget.of(not outcome.warm))})")
     if outcome.over_budget():
         note += f" WARNING: over its {kind} budget"
     return note
 
 
 def ready(stage: Stage, outcomes: Mapping[str, Outcome]) -> str | None:
-    """'go' when every stage `stage` needs passed, a reason when one failed or was not run,
-    None while one is still to finish."""
+    """'go' when every stage `stage` needs passed and every stage it comes after ended, a
+    reason when one it needs failed or was not run, None while one is still to finish."""
     for need in stage.needs:
         state = outcomes[need].state
         if state in ("failed", "not run"):
             return f"{need} {'failed' if state == 'failed' else 'was not run'}"
-        if state != "passed":
-            return None
-    return "go"
+    if all(outcomes[n].state == "passed" for n in stage.needs) and all(
+            outcomes[a].state in ("passed", "failed", "not run") for a in stage.after):
+        return "go"
+    return None
 
 
 def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[str, ...],
-                 budget: Budget, extra: Sequence[str] = (), nice: int = 0) -> Stage:
+                 budget: Budget, *, after: tuple[str, ...] = (), nice: int = 0) -> Stage:
     # A folder of its own for each lane's temporary files, short for the Unix sockets in it.
     basetemp = tempfile.mkdtemp(prefix="mp")
     argv = [PYTHON, "-m", "pytest", *LANE_ARGS, f"--basetemp={basetemp}"]
@@ -127,7 +136,7 @@ def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[s
         argv += ["--lane", lane]
     if builds is not None:
         argv += ["--builds", builds]
-    return Stage(name, (*argv, *extra), budget, needs, nice=nice, quiet=True)
+    return Stage(name, tuple(argv), budget, needs, after, nice=nice, quiet=True)
 
 
 def build(name: str, script: str, budget: Budget, needs: tuple[str, ...], *,
@@ -153,7 +162,7 @@ def builds() -> list[Stage]:
 
 
 def lint() -> Stage:
-    return Stage("lint", ("bash", str(REPO_ROOT / "scripts" / "lint")), Budget(90, 45))
+    return Stage("lint", ("bash", str(REPO_ROOT / "scripts" / "lint")), Budget(150, 150))
 
 
 def plan(pytest_args: Sequence[str]) -> list[Stage]:
@@ -169,14 +178,14 @@ def plan(pytest_args: Sequence[str]) -> list[Stage]:
               Budget(60, 60), quiet=True),
         # The computing tests yield the CPUs to the builds on the way to kind.
         pytest_stage("host tests", "host", "none", (), Budget(420, 300), nice=5),
-        pytest_stage("host tests needing builds", "host", "only",
-                     ("host tests", "llama-server"), Budget(60, 60)),
-        pytest_stage("local tests", "local", "none", ("control plane",), Budget(600, 480)),
-        pytest_stage("local tests needing builds", "local", "only",
-                     ("local tests", "argocd"), Budget(300, 300)),
-        pytest_stage("kind tests", "kind", "none", ("kind",), Budget(720, 600)),
-        pytest_stage("kind tests needing builds", "kind", "only",
-                     ("kind tests", "flux", "prometheus"), Budget(420, 420)),
+        pytest_stage("host tests needing builds", "host", "only", ("llama-server",),
+                     Budget(60, 60), after=("host tests",)),
+        pytest_stage("local tests", "local", "none", ("control plane",), Budget(900, 900)),
+        pytest_stage("local tests needing builds", "local", "only", ("argocd",),
+                     Budget(180, 180), after=("local tests",)),
+        pytest_stage("kind tests", "kind", "none", ("kind",), Budget(720, 720)),
+        pytest_stage("kind tests needing builds", "kind", "only", ("flux", "prometheus"),
+                     Budget(240, 240), after=("kind tests",)),
     ]
 
 
@@ -223,8 +232,8 @@ class Run:
         outcome.started = time.monotonic()
         log_path = self.log_path(stage.name)
         env = {**self.base_env, **self.exported}
-        if stage.quiet:
-            env["MODELPOOL_TEST_LANE"] = stage.name
+        # Line by line into its log, which shows how far a stage has got while it runs.
+        env["PYTHONUNBUFFERED"] = "1"
         self.say(f"{stage.name}: started (log {log_path})")
         try:
             code = await self._execute(stage, env, log_path, outcome)

@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -342,18 +343,34 @@ class Soak:
         pod = self.member_pod(str(resident)) if resident else None
         return pod if pod is not None and pod.ready and pod.ip else None
 
-    async def idle_probe(self, session: aiohttp.ClientSession, fault: Fault) -> None:
-        await self.wait_for(lambda: self.resident_pod() is not None, 40.0)
-        resident = self.pool.get("residentMember")
+    def no_longer_resident(self, name: str) -> bool:
         pod = self.resident_pod()
-        if pod is None:
-            fault.detail = "no resident pod to fault within 40s"
-            return
-        url = f"http://{pod.ip}:8080/fake/faults"
-        async with session.put(url, json={"idleProbe": "fail"}) as response:
-            if response.status != 200:
-                fault.detail = f"the fault switch answered {response.status}"
+        return pod is None or pod.name != name
+
+    async def idle_probe(self, session: aiohttp.ClientSession, fault: Fault) -> None:
+        deadline = self.now() + 40.0
+        while True:
+            await self.wait_for(lambda: self.resident_pod() is not None, deadline - self.now())
+            resident = self.pool.get("residentMember")
+            pod = self.resident_pod()
+            if pod is None:
+                fault.detail = "no resident pod to fault within 40s"
                 return
+            url = f"http://{pod.ip}:8080/fake/faults"
+            try:
+                async with session.put(url, json={"idleProbe": "fail"}) as response:
+                    if response.status != 200:
+                        fault.detail = f"the fault switch answered {response.status}"
+                        return
+                break
+            except aiohttp.ClientConnectionError:
+                # The workers' swaps may unload the resident between this read of the watch
+                # and the connection: then the watch soon shows it gone, and the next
+                # resident is faulted. A pod that stays the Ready resident while refusing
+                # connections is a failure.
+                gone = await self.wait_for(partial(self.no_longer_resident, pod.name), 10.0)
+                if not gone or self.now() >= deadline:
+                    raise
         failing_since = self.now()
         # Until the reconciler defers a swap for it, or 8 s without anyone asking for one.
         deferred = await self.wait_for(

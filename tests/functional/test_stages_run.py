@@ -75,6 +75,17 @@ def test_a_failure_stops_what_needs_it_and_nothing_else(tmp_path: Path) -> None:
     assert "oops" in (tmp_path / "broken.log").read_text()
 
 
+def test_a_stage_after_a_failed_one_still_runs(tmp_path: Path) -> None:
+    passed, done = run(
+        tmp_path,
+        sh("first lane", "exit 1"),
+        Stage("second lane", ("bash", "-c", "exit 0"), ROOMY, after=("first lane",)),
+    )
+    assert not passed
+    assert [o.state for o in done.outcomes.values()] == ["failed", "passed"]
+    assert done.outcomes["second lane"].started >= done.outcomes["first lane"].ended
+
+
 def test_a_stage_that_cannot_start_fails_with_the_reason(tmp_path: Path) -> None:
     passed, done = run(tmp_path, Stage("missing", ("/no/such/program",), ROOMY))
     assert not passed

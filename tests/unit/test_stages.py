@@ -38,6 +38,21 @@ def test_a_stage_starts_once_all_it_needs_passed_and_never_after_a_failure(
     assert stages.ready(stage("x", *needs), outcomes(**states)) == verdict
 
 
+@pytest.mark.parametrize(("first", "verdict"), [
+    ("waiting", None), ("running", None),
+    ("passed", "go"), ("failed", "go"), ("not run", "go"),
+])
+def test_a_stage_after_another_starts_once_it_ended_however_it_ended(
+        first: str, verdict: str | None) -> None:
+    """A lane's second pytest runs after its first whatever the first found, so one failure
+    does not hide the tests behind it."""
+    later = Stage("second", ("true",), MINUTE, needs=("build",), after=("first",))
+    states = outcomes(first=first, build="passed")
+    assert stages.ready(later, states) == verdict
+    states["build"].state = "failed"
+    assert stages.ready(later, states) == "build failed"
+
+
 def finished(seconds: float, *, warm: bool, state: str = "passed") -> Outcome:
     return Outcome(stage("build", budget=Budget(cold=300, warm=5)), state=state, started=100.0,
                    ended=100.0 + seconds, warm=warm)
@@ -60,9 +75,11 @@ def test_a_stage_not_run_is_never_over_budget() -> None:
 
 
 def test_the_budget_note_names_the_time_and_both_budgets() -> None:
-    note = stages.budget_note(finished(301, warm=False))
-    assert note == ("5m01s (budget cold 5m00s; cold 5m00s, warm 5s) "
-                    "WARNING: over its cold budget")
+    assert stages.budget_note(finished(301, warm=False)) == (
+        "5m01s (cold budget 5m00s, warm 5s) WARNING: over its cold budget")
+    assert stages.budget_note(finished(4, warm=True)) == "4s (warm budget 5s, cold 5m00s)"
+    same = Outcome(stage("lane", budget=Budget(60, 60)), state="passed", ended=59.0)
+    assert stages.budget_note(same) == "59s (budget 1m00s)"
 
 
 LANE_LOG = """\
