@@ -73,6 +73,9 @@ class Stage:
     # Its output goes to its log file only, summarised at the end (a pytest lane's dots
     # would interleave with the others').
     quiet: bool = False
+    # A pytest given a folder of its own for its temporary files when it starts (short, for
+    # the Unix sockets in it; lanes side by side must not share pytest's default one).
+    own_basetemp: bool = False
 
 
 @dataclass
@@ -129,14 +132,13 @@ def ready(stage: Stage, outcomes: Mapping[str, Outcome]) -> str | None:
 
 def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[str, ...],
                  budget: Budget, *, after: tuple[str, ...] = (), nice: int = 0) -> Stage:
-    # A folder of its own for each lane's temporary files, short for the Unix sockets in it.
-    basetemp = tempfile.mkdtemp(prefix="mp")
-    argv = [PYTHON, "-m", "pytest", *LANE_ARGS, f"--basetemp={basetemp}"]
+    argv = [PYTHON, "-m", "pytest", *LANE_ARGS]
     if lane is not None:
         argv += ["--lane", lane]
     if builds is not None:
         argv += ["--builds", builds]
-    return Stage(name, tuple(argv), budget, needs, after, nice=nice, quiet=True)
+    return Stage(name, tuple(argv), budget, needs, after, nice=nice, quiet=True,
+                 own_basetemp=True)
 
 
 def build(name: str, script: str, budget: Budget, needs: tuple[str, ...], *,
@@ -258,7 +260,11 @@ class Run:
 
     async def _execute(self, stage: Stage, env: Mapping[str, str], log_path: Path,
                        outcome: Outcome) -> int:
-        argv = ("nice", "-n", str(stage.nice), *stage.argv) if stage.nice else stage.argv
+        argv = stage.argv
+        if stage.own_basetemp:
+            argv = (*argv, f"--basetemp={tempfile.mkdtemp(prefix='mp')}")
+        if stage.nice:
+            argv = ("nice", "-n", str(stage.nice), *argv)
         with log_path.open("w") as log:
             process = await asyncio.create_subprocess_exec(
                 *argv, cwd=REPO_ROOT, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
