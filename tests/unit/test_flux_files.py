@@ -1,4 +1,4 @@
-"""What Flux syncs on kind (e2e/flux/sync.yaml) and what the README tells a user to write,
+"""What Flux syncs on kind (e2e/flux/sync.yaml) and what docs/operating.md tells a user to write,
 checked where no cluster is needed: they are the same objects, and they name what this
 repository holds. Flux itself judges them on kind (e2e/kind_tests/test_flux.py). And the
 git server's reading of `git http-backend` output (git judges the server in
@@ -27,10 +27,10 @@ def _by_name(documents: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
 
 
 def _readme_objects() -> dict[tuple[str, str], dict[str, Any]]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### GitOps"):]
+    text = (ROOT / "docs" / "operating.md").read_text()
+    section = text[text.index("## GitOps"):]
     block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert block, "the README's GitOps section has no yaml block"
+    assert block, "the GitOps section of docs/operating.md has no yaml block"
     return _by_name(list(yaml.safe_load_all(block.group(1))))
 
 
