@@ -52,7 +52,7 @@ from e2e.local import controlplane  # noqa: E402
 from e2e.local.demo import Kubectl, metric_samples  # noqa: E402
 from e2e.local.paths import default_state_dir  # noqa: E402
 
-DOCS = REPO / "docs" / "benchmarks.md"
+DOCS = REPO / "docs" / "benchmarks-log.md"
 HEADING = "## Swap overhead (system benchmark, `benchmarks/bench_swap.py`)"
 WARM_POOL = "warm"
 ROUTER = "bench"
