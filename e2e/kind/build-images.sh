@@ -18,8 +18,8 @@
 # only the modelpool images are built. Prints the node image's name as its last line;
 # `build-images.sh --root` builds and prints only the Debian root.
 #
-# Environment: MODELPOOL_CACHE, MODELPOOL_K8S_VERSION, MODELPOOL_DEBIAN_MIRROR (default:
-# the first URI apt is configured with).
+# Environment: MODELPOOL_CACHE, MODELPOOL_K8S_VERSION, MODELPOOL_DEBIAN_MIRROR (default: the
+# archive apt on this machine is configured to fetch bookworm from: debian-mirror.sh).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -47,14 +47,6 @@ mkdir -p "$CACHE/kind/work"
 KIND_SRC="$(cd "$CACHE/kind/work" && GOFLAGS= go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
 mkdir -p "$WORK"
 
-mirror() {
-  if [[ -n "${MODELPOOL_DEBIAN_MIRROR:-}" ]]; then echo "$MODELPOOL_DEBIAN_MIRROR"; return; fi
-  local uri
-  uri="$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1 | awk '{print $2}')"
-  [[ -n $uri ]] || uri="$(grep -h '^deb ' /etc/apt/sources.list 2>/dev/null | head -n 1 | awk '{print $2}')"
-  echo "${uri:-http://deb.debian.org/debian}"
-}
-
 # --- the Debian root -----------------------------------------------------------------------
 
 # libgomp1: llama-server's one runtime library beyond what python3 brings.
@@ -65,11 +57,12 @@ build_root() {
     log "installing debootstrap (Debian package)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
   }
-  local dir="$WORK/root-r$ROOT_REV"
+  local dir="$WORK/root-r$ROOT_REV" mirror
+  mirror="$(bash "$here/debian-mirror.sh" bookworm)"
   rm -rf "$dir"
-  log "debootstrap bookworm from $(mirror) (about 2 minutes)"
+  log "debootstrap bookworm from $mirror (about 2 minutes)"
   local start=$SECONDS
-  debootstrap --variant=minbase --include="$PACKAGES" bookworm "$dir" "$(mirror)" >"$WORK/debootstrap.log" 2>&1 || {
+  debootstrap --variant=minbase --include="$PACKAGES" bookworm "$dir" "$mirror" >"$WORK/debootstrap.log" 2>&1 || {
     tail -n 20 "$WORK/debootstrap.log" >&2; exit 1; }
   # What kind's base image does (images/base/Dockerfile of the kind module), with Debian's
   # containerd and runc linked where kind's files expect them.

