@@ -131,10 +131,11 @@ def fake_kube_router(argv: list[str]) -> None:
     and a line `ready <member> <monotonic>` goes to stdout.
     """
     from sidecar.__main__ import run, serve
-    from sidecar.activation import Activation, Changed, Listed, WatchEvent
+    from sidecar.activation import Activation
     from sidecar.activator import PoolStatus, WriteRequest
     from sidecar.config import RouterConfig
     from sidecar.endpoints import Endpoint, EndpointSlice
+    from sidecar.kube_port import Changed, Listed, WatchEvent
     from sidecar.metrics import RouterMetrics
     from sidecar.settings import Settings, from_args
     from telemetry.logs import configure_logging as setup_logging
@@ -192,7 +193,7 @@ def fake_kube_router(argv: list[str]) -> None:
                 and write.expected is not None
                 and current.generation != write.expected.generation
             ):
-                from sidecar.activation import Conflict
+                from sidecar.kube_port import Conflict
 
                 raise Conflict("generation moved")
             status = self._set_pool(request=write.request)

@@ -18,10 +18,11 @@ from urllib.parse import urlsplit
 
 from sidecar.__main__ import ActivationFactory
 from sidecar.__main__ import main as router_main
-from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
+from sidecar.activation import Activation
 from sidecar.activator import PoolStatus, WriteRequest
 from sidecar.config import RouterConfig
 from sidecar.endpoints import Endpoint, EndpointSlice
+from sidecar.kube_port import Changed, Conflict, Listed, WatchEvent
 from sidecar.metrics import RouterMetrics
 from sidecar.settings import Settings
 from tests.functional.proxy_support import StandInActivation

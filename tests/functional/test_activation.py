@@ -18,20 +18,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.activation import (
-    Activation,
-    ActivationError,
-    Changed,
-    Conflict,
-    Deleted,
-    Listed,
-    Target,
-    WatchEvent,
-)
+from sidecar.activation import Activation
 from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
 from sidecar.config import RouterConfig, parse_config
 from sidecar.endpoints import Endpoint, EndpointSlice
+from sidecar.kube_port import Changed, Conflict, Deleted, Listed, WatchEvent
 from sidecar.metrics import RouterMetrics
+from sidecar.target import ActivationError, Target
 
 pytestmark = pytest.mark.functional
 
