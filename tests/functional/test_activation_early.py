@@ -21,8 +21,9 @@ from sidecar.activator import LastSwap, PoolRequest, SwapProgress
 from sidecar.config import RouterConfig
 from sidecar.http.probes import probe_ready
 from tests.functional.proxy_support import FakeUpstream, serve_app
-from tests.functional.test_activation import FakeCluster, eventually, router_config, stays
+from tests.functional.test_activation import eventually, router_config, stays
 from tests.functional.test_activation_proxy import Stack, closed_port, port_of, run_stack
+from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.functional
 

@@ -29,7 +29,8 @@ from sidecar.events import (
 )
 from sidecar.kube import KubeClient
 from sidecar.target import ActivationError
-from tests.functional.test_activation import NS, FakeCluster, Router, router_config, running
+from tests.functional.test_activation import NS, Router, router_config, running
+from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.unit
 
