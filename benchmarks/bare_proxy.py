@@ -2,7 +2,7 @@
 
 A proxy that parses each request with httptools, reads `model` with one `json.loads`,
 sends the body to one upstream through the router's own client
-(`sidecar.upstream.Client`) and writes the answer back in one write. No routing, no
+(`sidecar.http.client.Client`) and writes the answer back in one write. No routing, no
 activation, no metrics, no header filtering, no error handling. `bench_peers.py --bare`
 runs it beside the router, so the difference between the two is what the router's own
 logic costs.
@@ -24,13 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sidecar import upstream  # noqa: E402
+from sidecar.http.client import Client  # noqa: E402
 
 _SKIP = frozenset({b"host", b"content-length", b"connection"})
 
 
 class BareConnection(asyncio.Protocol):
-    def __init__(self, client: upstream.Client, base_url: str) -> None:
+    def __init__(self, client: Client, base_url: str) -> None:
         self._client = client
         self._base_url = base_url
         self._parser = httptools.HttpRequestParser(self)
@@ -76,7 +76,7 @@ class BareConnection(asyncio.Protocol):
 
 
 async def serve(port: int, base_url: str) -> None:
-    client = upstream.Client(5.0)
+    client = Client(5.0)
     loop = asyncio.get_running_loop()
     await loop.create_server(lambda: BareConnection(client, base_url), "127.0.0.1", port,
                              backlog=2048)

@@ -36,8 +36,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,99 +131,53 @@ def fake_kube_router(argv: list[str]) -> None:
     and a line `ready <member> <monotonic>` goes to stdout.
     """
     from sidecar.__main__ import run, serve
-    from sidecar.activation import Activation, Changed, Listed, WatchEvent
+    from sidecar.activation import Activation
     from sidecar.activator import PoolStatus, WriteRequest
     from sidecar.config import RouterConfig
-    from sidecar.endpoints import Endpoint, EndpointSlice
     from sidecar.metrics import RouterMetrics
     from sidecar.settings import Settings, from_args
     from telemetry.logs import configure_logging as setup_logging
+    from tests.kube_fake import FakeCluster
 
     p = argparse.ArgumentParser()
     p.add_argument("--upstream-port", type=int, required=True)
     p.add_argument("--swap", choices=["signal", "auto"], required=True)
     own, rest = p.parse_known_args(argv)
 
-    class FakeApiServer:
+    class SwappingCluster(FakeCluster):
+        """Completes the swap each written request asks for: at once, or on SIGUSR1."""
+
         def __init__(self) -> None:
-            self.rv = 1
-            self.pool = PoolStatus("heavy", "1", resident_member="coder")
-            self.slices = {"coder": self._slice("coder")}
-            self.pool_watchers: list[asyncio.Queue[WatchEvent[PoolStatus]]] = []
-            self.slice_watchers: list[asyncio.Queue[WatchEvent[EndpointSlice]]] = []
+            super().__init__(write_delay=0.0)
+            self.set_pool("heavy", resident_member="coder")
+            self.set_endpoints("coder", HOST, port=own.upstream_port)
             self.swap_now = asyncio.Event()
             if own.swap == "auto":
                 self.swap_now.set()
-
-        def _slice(self, member: str) -> EndpointSlice:
-            endpoint = Endpoint(HOST, True)
-            return EndpointSlice(f"{member}-x", member, own.upstream_port, (endpoint,))
-
-        def _set_pool(self, **changes: Any) -> PoolStatus:
-            self.rv += 1
-            self.pool = replace(self.pool, resource_version=str(self.rv), **changes)
-            for q in self.pool_watchers:
-                q.put_nowait(Changed(self.pool))
-            return self.pool
 
         async def _swap(self, member: str) -> None:
             await self.swap_now.wait()
             if own.swap == "signal":
                 self.swap_now.clear()
-            old = self.pool.resident_member
-            self._set_pool(resident_member=member)
+            old = self.pools["heavy"].resident_member
+            self.set_pool("heavy", resident_member=member)
             await asyncio.sleep(0.01)  # the status event is handled before the slice's
             if old is not None:
-                gone = self.slices.pop(old)
-                for q in self.slice_watchers:
-                    q.put_nowait(Changed(replace(gone, endpoints=())))
-            self.slices[member] = ready = self._slice(member)
+                self.set_endpoints(old, port=own.upstream_port)  # none left
             print(f"ready {member} {time.monotonic()!r}", flush=True)
-            for q in self.slice_watchers:
-                q.put_nowait(Changed(ready))
-
-        async def get_pool(self, namespace: str, name: str) -> PoolStatus | None:
-            return self.pool
+            self.set_endpoints(member, HOST, port=own.upstream_port)
 
         async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
-            current = self.pool.request
-            if (write.expected is None) != (current is None) or (
-                current is not None
-                and write.expected is not None
-                and current.generation != write.expected.generation
-            ):
-                from sidecar.activation import Conflict
-
-                raise Conflict("generation moved")
-            status = self._set_pool(request=write.request)
+            status = await super().write_request(namespace, pool, write)
             member = write.request.member
-            if member is not None and member != self.pool.resident_member:
+            if member is not None and member != status.resident_member:
                 asyncio.get_running_loop().create_task(self._swap(member))
             return status
-
-        async def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
-            q: asyncio.Queue[WatchEvent[PoolStatus]] = asyncio.Queue()
-            self.pool_watchers.append(q)
-            yield Listed((self.pool,))
-            while True:
-                yield await q.get()
-
-        async def watch_endpoint_slices(
-            self, namespace: str
-        ) -> AsyncIterator[WatchEvent[EndpointSlice]]:
-            q: asyncio.Queue[WatchEvent[EndpointSlice]] = asyncio.Queue()
-            self.slice_watchers.append(q)
-            yield Listed(tuple(self.slices.values()))
-            while True:
-                yield await q.get()
-
-        async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]:
-            return [s for s in self.slices.values() if s.service == service]
 
     async def make_activation(
         config: RouterConfig, metrics: RouterMetrics, settings: Settings
     ) -> Activation:
-        api = FakeApiServer()
+        api = SwappingCluster()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGUSR1, api.swap_now.set)
         return Activation(config, api, metrics, identity=f"{NAMESPACE}/bench/{settings.pod_name}")

@@ -4,16 +4,15 @@
 requests' futures, the watches of the router's ModelPools and of the member Services'
 EndpointSlices (through a `KubePort`, implemented by `sidecar.kube`), the compare-and-swap
 writes and re-reads, the timer that wakes the machine at its next deadline, the metrics,
-and the Events on the pools (`sidecar.events` decides which, an `EventReporter` posts them
-in the background). The proxy only sees `Activation.acquire`: a context manager that
-yields where to send a request once its member is resident, and spans the request while
-it runs.
+and the Events on the pools (`sidecar.events` decides which, `sidecar.event_reporter`
+posts them in the background). The proxy only sees `Activation.acquire`: a context
+manager that yields where to send a request once its member is resident, and spans the
+request while it runs.
 
-It also runs, per pool, at most one prober: while a swap's target is Loading and listed
-not-ready in its EndpointSlice, it GETs the member's readiness path there every
-`_PROBE_INTERVAL` (through a `ReadinessProbe`, by default `sidecar.upstream`'s), and the
-first 200 becomes the machine's `EarlyReady`: held requests go out on that address
-without waiting for the kubelet's next readiness probe.
+It also keeps, per pool, at most one early readiness prober of a swap's target
+(`sidecar.early_probes`, by default through `sidecar.http.probes.probe_ready`): the first
+200 becomes the machine's `EarlyReady`, and held requests go out on that address without
+waiting for the kubelet's next readiness probe.
 """
 
 from __future__ import annotations
@@ -24,12 +23,10 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from sidecar import activator, events, upstream
+from sidecar import activator, events
 from sidecar.activator import (
     Action,
     Admit,
@@ -54,181 +51,22 @@ from sidecar.activator import (
     WriteSucceeded,
 )
 from sidecar.config import BackendConfig, PoolConfig, RouterConfig
-from sidecar.endpoints import EndpointIndex, EndpointSlice
-from sidecar.events import Note, Post, Refusal
+from sidecar.early_probes import EarlyProbes, ReadinessProbe, Wanted
+from sidecar.endpoints import EndpointIndex
+from sidecar.event_reporter import EventPort, EventReporter
+from sidecar.events import Refusal
+from sidecar.http.probes import probe_ready
+from sidecar.kube_port import Changed, Conflict, Deleted, KubeError, KubePort, Listed
 from sidecar.metrics import RouterMetrics
+from sidecar.target import ActivationError, Target
 
 logger = logging.getLogger(__name__)
 
 NO_READY_ENDPOINT = "no_ready_endpoint"
 _REREAD_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
-_EVENT_TIMEOUT = 10.0  # one Event's POST; the reporter gives up on it after that
-_EVENT_BACKLOG = 64  # posts waiting to be sent; past it new ones are dropped (and logged)
-_PROBE_INTERVAL = 0.05  # between two early readiness probes of a swap's target
-_PROBE_TIMEOUT = 0.5  # one early readiness probe; a slow answer is a failed one
-
-T = TypeVar("T")
-
-
-# --- The port to the API server -----------------------------------------------------------
-
-
-class KubeError(Exception):
-    """The API server could not be reached, or refused for a reason worth retrying."""
-
-
-class Conflict(KubeError):
-    """A compare-and-swap write lost its race (HTTP 422 from a failed `test`, or 409)."""
-
-
-@dataclass(frozen=True)
-class Listed(Generic[T]):
-    """A fresh list: replaces everything known (at start, and after the watch expired)."""
-
-    items: tuple[T, ...]
-
-
-@dataclass(frozen=True)
-class Changed(Generic[T]):
-    item: T
-
-
-@dataclass(frozen=True)
-class Deleted:
-    name: str
-
-
-WatchEvent = Listed[T] | Changed[T] | Deleted
-
-
-class KubePort(Protocol):
-    """What the shell needs of the API server. Watches never end on their own: they list,
-    watch, resume, and list again after 410 Gone."""
-
-    async def get_pool(self, namespace: str, name: str) -> PoolStatus | None: ...
-
-    async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
-        """CAS-write `status.request` as docs/contracts.md section 2 says; raises Conflict."""
-        ...
-
-    def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]: ...
-
-    def watch_endpoint_slices(self, namespace: str) -> AsyncIterator[WatchEvent[EndpointSlice]]: ...
-
-    async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]: ...
-
-
-class ReadinessProbe(Protocol):
-    """GETs `path` on `host:port` once; True only for a 200 within `probe_timeout` seconds,
-    False for anything else (refused, timed out, another status). Never raises for those."""
-
-    async def __call__(self, host: str, port: int, path: str, probe_timeout: float) -> bool: ...
-
-
-@dataclass(frozen=True)
-class _Prober:
-    member: str
-    address: str  # "host:port", listed not-ready in the member's EndpointSlice
-    path: str
-    task: asyncio.Task[None]
-
-
-@runtime_checkable
-class EventPort(Protocol):
-    """Creates an Event on a ModelPool (`sidecar.kube.KubeClient` is one)."""
-
-    async def post_event(self, post: Post, instance: str) -> None: ...
-
-
-class EventReporter:
-    """Posts the Events `sidecar.events` decides on, without ever making a request wait.
-
-    `note` is synchronous and cheap: the rate limiter runs at once, and what it lets
-    through queues for `run`, one task that sends the posts one at a time, each bounded by
-    a timeout. A post that fails is dropped: the first failure of each reason is logged as
-    a warning, repeats at debug until one of that reason succeeds again."""
-
-    def __init__(
-        self,
-        port: EventPort,
-        instance: str,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        window: float = events.WINDOW_SECONDS,
-        timeout: float = _EVENT_TIMEOUT,
-    ) -> None:
-        self._port = port
-        self._instance = instance
-        self._clock = clock
-        self._limiter = events.Limiter(window=window)
-        self._timeout = timeout
-        self._posts: asyncio.Queue[Post] = asyncio.Queue()
-        self._wake = asyncio.Event()
-        self._failing: set[str] = set()  # reasons whose last post failed (logged once)
-        self._dropped = 0
-
-    def note(self, note: Note) -> None:
-        self._limiter, posts = events.offer(self._limiter, note, self._clock())
-        self._enqueue(posts)
-        self._wake.set()  # the next summary may be due sooner
-
-    async def run(self) -> None:
-        """Send posts, and summaries as their windows close. Runs until cancelled."""
-        while True:
-            self._limiter, posts = events.due(self._limiter, self._clock())
-            self._enqueue(posts)
-            while not self._posts.empty():
-                await self._send(self._posts.get_nowait())
-            due = events.next_due(self._limiter)
-            self._wake.clear()
-            wait = None if due is None else max(0.0, due - self._clock())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._wake.wait()
-
-    def _enqueue(self, posts: list[Post]) -> None:
-        for post in posts:
-            if self._posts.qsize() >= _EVENT_BACKLOG:
-                self._dropped += 1
-                if self._dropped == 1:
-                    logger.warning(
-                        "pool %s/%s: too many Events waiting to be posted; dropping %s",
-                        post.namespace,
-                        post.pool,
-                        post.reason,
-                    )
-                continue
-            self._posts.put_nowait(post)
-
-    async def _send(self, post: Post) -> None:
-        try:
-            async with asyncio.timeout(self._timeout):
-                await self._port.post_event(post, self._instance)
-        except Exception as e:
-            level = logging.DEBUG if post.reason in self._failing else logging.WARNING
-            self._failing.add(post.reason)
-            logger.log(
-                level,
-                "pool %s/%s: could not post Event %s: %s",
-                post.namespace,
-                post.pool,
-                post.reason,
-                e or type(e).__name__,
-            )
-            return
-        self._failing.discard(post.reason)
-        self._dropped = 0
-        logger.debug("pool %s/%s: posted Event %s", post.namespace, post.pool, post.reason)
 
 
 # --- Public interface for the proxy -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    base_url: str  # "http://127.0.1.3:8080", no trailing slash
-    backend: str
-    pool: str | None
 
 
 class _Lease:
@@ -248,24 +86,6 @@ class _Lease:
 
     async def __aexit__(self, *exc: object) -> None:
         self._activation._leave(self._backend)
-
-
-class ActivationError(Exception):
-    """A request the activator cannot serve: the proxy answers `status` with Retry-After."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str,
-        status: int = 503,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
-        self.retry_after = retry_after
 
 
 def limits_for(pool: PoolConfig, config: RouterConfig) -> PoolLimits:
@@ -290,7 +110,7 @@ class Activation:
         identity: str,
         clock: Callable[[], float] = time.monotonic,
         events_port: EventPort | None = None,
-        probe: ReadinessProbe | None = upstream.probe_ready,
+        probe: ReadinessProbe | None = probe_ready,
     ) -> None:
         """`identity` is `namespace/router/pod`. Events go to `events_port`, by default the
         kube client when it can post them; with neither, no Events. `probe` checks a
@@ -322,8 +142,7 @@ class Activation:
         self._wake = asyncio.Event()
         self._work: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
         self._closed = False
-        self._probe = probe
-        self._probers: dict[str, _Prober] = {}  # per pool: at most one
+        self._early = EarlyProbes(probe, self._answered_early)
         self._tasks: asyncio.TaskGroup | None = None  # while `run` runs
 
     # --- lifecycle ---
@@ -343,7 +162,7 @@ class Activation:
                     tg.create_task(self._watch_slices(self._kube))
         finally:
             self._tasks = None
-            self._probers.clear()  # the task group cancelled them
+            self._early.clear()  # the task group cancelled them
 
     def ready(self) -> bool:
         return self._kube is None or (self._pools_synced and self._slices_synced)
@@ -738,21 +557,12 @@ class Activation:
                 self._feed(pool, EarlyLost(member, address))  # syncs again
                 return
         wanted = self._probe_wanted(state, now)
-        current = self._probers.get(pool)
-        if current is not None and (
-            current.task.done() or (current.member, current.address, current.path) != wanted
-        ):
-            current.task.cancel()
-            del self._probers[pool]
-            current = None
-        if wanted is None or current is not None or self._tasks is None or self._probe is None:
-            return
-        member, address, path = wanted
-        task = self._tasks.create_task(_logged(self._probe_until_ready(pool, *wanted)))
-        self._probers[pool] = _Prober(member, address, path, task)
-        logger.debug("pool %s: probing %s at %s%s", self._ref(pool), member, address, path)
+        if self._early.sync(pool, wanted, self._tasks):
+            assert wanted is not None
+            member, address, path = wanted
+            logger.debug("pool %s: probing %s at %s%s", self._ref(pool), member, address, path)
 
-    def _probe_wanted(self, state: PoolState, now: float) -> tuple[str, str, str] | None:
+    def _probe_wanted(self, state: PoolState, now: float) -> Wanted | None:
         """(member, address, path) to probe now, or None."""
         member = activator.probe_wanted(state)
         if member is None:
@@ -763,18 +573,7 @@ class Activation:
         addresses = self._endpoints.not_ready_addresses(backend.service, now, backend.port)
         return (member, addresses[0], backend.readiness_path) if addresses else None
 
-    async def _probe_until_ready(self, pool: str, member: str, address: str, path: str) -> None:
-        assert self._probe is not None
-        host, _, port = address.rpartition(":")
-        host = host.removeprefix("[").removesuffix("]")
-        while True:
-            if await self._probe(host, int(port), path, _PROBE_TIMEOUT):
-                break
-            # A fixed pace, not a wait for an event: nothing tells us when it is loaded.
-            await asyncio.sleep(_PROBE_INTERVAL)
-        prober = self._probers.get(pool)
-        if prober is not None and prober.task is asyncio.current_task():
-            del self._probers[pool]  # done: the sync below must not cancel this task
+    def _answered_early(self, pool: str, member: str, address: str, path: str) -> None:
         logger.info(
             "pool %s: %s answered %s at %s before turning ready: dispatching there",
             self._ref(pool),

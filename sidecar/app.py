@@ -1,9 +1,10 @@
 """The OpenAI-compatible API: routes a request by its `model`, activates, forwards.
 
 This module is the router's shell around the pure parts (routing, auth, errors): it takes
-the body the server read (`sidecar.http_server`), asks the activator for a target, and
-hands the bytes to `upstream`, the only module that talks to model servers. The activator
-is reached through the `Activation` protocol below, which `sidecar.activation.Activation`
+the body the server read (`sidecar.http.server`), asks the activator for a target, and
+hands the bytes to `sidecar.relay`, which sends them through the HTTP client
+(`sidecar.http.client`, the only module that talks to model servers). The activator is
+reached through the `Activation` protocol below, which `sidecar.activation.Activation`
 satisfies.
 """
 
@@ -19,13 +20,17 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
-from sidecar import errors, fallback, upstream
+from sidecar import dead_endpoint, errors, fallback
 from sidecar.auth import NO_KEYS, ApiKeys
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.errors import ProxyError
-from sidecar.held_stream import HeldStream
-from sidecar.http_server import Reply, Request
+from sidecar.held_stream import HeldStream, upstream_error_event
+from sidecar.http.client import Client
+from sidecar.http.headers import request_headers
+from sidecar.http.messages import Reply, Request
+from sidecar.http.slots import MAX_IN_FLIGHT_PER_ENDPOINT, EndpointSlots
 from sidecar.metrics import RouterMetrics
+from sidecar.relay import Relay, forward
 from sidecar.routing import Routes, build_routes
 
 logger = logging.getLogger(__name__)
@@ -105,8 +110,8 @@ class Proxy:
         self._metrics = metrics
         self._connect_timeout = connect_timeout
         self._clock = clock
-        self.client = upstream.Client(connect_timeout)
-        self._slots = upstream.EndpointSlots(upstream.MAX_IN_FLIGHT_PER_ENDPOINT)
+        self.client = Client(connect_timeout)
+        self._slots = EndpointSlots(MAX_IN_FLIGHT_PER_ENDPOINT)
 
     async def completions(self, request: Request, reply: Reply) -> None:
         started = self._clock()
@@ -162,9 +167,9 @@ class Proxy:
         body: bytes,
         started: float,
         held: HeldStream | None = None,
-    ) -> upstream.Relay:
+    ) -> Relay:
         live = self._live
-        headers = upstream.request_headers(
+        headers = request_headers(
             request.raw_headers,
             # The router's own key is not the upstream's business.
             drop=_ROUTER_KEY if live.keys.enabled else _NO_HEADERS,
@@ -176,72 +181,67 @@ class Proxy:
         slots, client = self._slots, self.client
         read_timeout = live.config.response_header_timeout_seconds
 
-        # A request that never reached a live server (the endpoint refused the connection,
-        # or died with it half-open) is re-verified and dispatched once more through the
-        # activator, which holds it until the member is ready again: the client sees no
-        # 502 for a resident whose process went away.
+        # A request whose endpoint turns out dead (`sidecar.dead_endpoint`) goes once more
+        # through the activator, which holds it until the member is ready again.
         for attempt in (1, 2):
             try:
                 lease = self._activation.acquire(backend)
                 # Entered through `held` for a stream, which keeps the client's stream alive
                 # while the request is held; left below once the answer is done.
                 target = await (held.hold(lease) if held is not None else lease.__aenter__())
-                try:
-                    endpoint = target.base_url
-                    try:
-                        if not slots.take(endpoint):
-                            await slots.acquire(endpoint)
-                        try:
-                            return await upstream.forward(
-                                request,
-                                reply,
-                                client,
-                                base_url=endpoint,
-                                body=body,
-                                headers=headers,
-                                # Starts once the request is sent, with the member
-                                # resident: a hold never eats into it.
-                                read_timeout=read_timeout,
-                                on_first_chunk=first_chunk,
-                                answered_by=backend.name,
-                            )
-                        finally:
-                            slots.release(endpoint)
-                    except Exception as e:
-                        err = errors.translate(e, backend.name)
-                        if err.kind is None:
-                            raise
-                        self._metrics.upstream_error(backend.name, err.kind)
-                        dead = errors.is_connect_failure(err) or (
-                            err.kind == "disconnect"
-                            and not await upstream.reachable(
-                                target.base_url, self._connect_timeout
-                            )
-                        )
-                        if dead:
-                            self._activation.report_connect_failure(target)
-                        logger.warning(
-                            "backend %s at %s: %s%s",
-                            backend.name,
-                            target.base_url,
-                            err.message,
-                            "; dispatching again"
-                            if dead and attempt == 1 and backend.service is not None
-                            else "",
-                        )
-                        if dead and attempt == 1 and backend.service is not None:
-                            continue
-                        raise err from e
-                finally:
-                    await lease.__aexit__(None, None, None)
             except ProxyError:
                 raise
             except Exception as e:
-                err = errors.translate(e, backend.name)
-                if err.status == 500:
-                    logger.exception("request for backend %s failed", backend.name)
+                raise _failure(e, backend.name) from e
+            endpoint = target.base_url
+            try:
+                if not slots.take(endpoint):
+                    await slots.acquire(endpoint)
+                try:
+                    return await forward(
+                        request,
+                        reply,
+                        client,
+                        base_url=endpoint,
+                        body=body,
+                        headers=headers,
+                        # Starts once the request is sent, with the member resident: a
+                        # hold never eats into it.
+                        read_timeout=read_timeout,
+                        on_first_chunk=first_chunk,
+                        error_event=upstream_error_event,
+                        answered_by=backend.name,
+                    )
+                finally:
+                    slots.release(endpoint)
+            except Exception as e:
+                err = _failure(e, backend.name)
+                if err.kind is not None and await self._again(err, target, backend, attempt):
+                    continue
                 raise err from e
+            finally:
+                await lease.__aexit__(None, None, None)
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _again(
+        self, err: ProxyError, target: Target, backend: BackendConfig, attempt: int
+    ) -> bool:
+        """After the upstream failure `err`: count it, tell the activation if the endpoint
+        is dead, and say whether the request is dispatched once more."""
+        assert err.kind is not None
+        self._metrics.upstream_error(backend.name, err.kind)
+        dead = await dead_endpoint.is_dead(err, target.base_url, self._connect_timeout)
+        if dead:
+            self._activation.report_connect_failure(target)
+        again = dead and attempt == 1 and backend.service is not None
+        logger.warning(
+            "backend %s at %s: %s%s",
+            backend.name,
+            target.base_url,
+            err.message,
+            "; dispatching again" if again else "",
+        )
+        return again
 
     async def models(self, request: Request, reply: Reply) -> None:
         try:
@@ -333,19 +333,27 @@ def _model_of(body: bytes) -> tuple[str, bool]:
     return model, payload.get("stream") is True
 
 
+def _failure(e: Exception, backend: str) -> ProxyError:
+    """What the client is told of `e`; a failure of the router itself is logged."""
+    err = errors.translate(e, backend)
+    if err.status == 500:
+        logger.exception("request for backend %s failed", backend)
+    return err
+
+
 _JSON = (("Content-Type", "application/json"),)
 _MODELS = "/v1/models"
 
 
 class Api:
-    """The API port's routes: the request handler of `sidecar.http_server.Server`."""
+    """The API port's routes: the request handler of `sidecar.http.server.Server`."""
 
     def __init__(self, proxy: Proxy, live: Live) -> None:
         self.proxy = proxy
         self._live = live
 
     @property
-    def client(self) -> upstream.Client:
+    def client(self) -> Client:
         return self.proxy.client
 
     def max_body(self) -> int:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import math
 
-from sidecar import upstream
-from sidecar.activation import ActivationError
-from sidecar.http_server import Answer
+from sidecar.http.client import ConnectFailed, ConnectTimedOut, OutOfFiles, UpstreamError
+from sidecar.http.messages import Answer
+from sidecar.target import ActivationError
 
 # How much of an upstream's own words we echo back in a message.
 _MAX_ECHO = 200
@@ -118,7 +118,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code=exc.code,
             retry_after=exc.retry_after,
         )
-    if isinstance(exc, upstream.ConnectTimedOut):
+    if isinstance(exc, ConnectTimedOut):
         return ProxyError(
             504,
             f"Timed out connecting to backend '{backend}'.",
@@ -126,7 +126,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_timeout",
             kind="connect_timeout",
         )
-    if isinstance(exc, TimeoutError):  # upstream.ReadTimedOut among them
+    if isinstance(exc, TimeoutError):  # the client's ReadTimedOut among them
         return ProxyError(
             504,
             f"Backend '{backend}' did not answer in time.",
@@ -134,7 +134,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_timeout",
             kind="timeout",
         )
-    if isinstance(exc, upstream.OutOfFiles):
+    if isinstance(exc, OutOfFiles):
         return ProxyError(
             503,
             f"The router has too many connections open to reach backend '{backend}' now.",
@@ -143,7 +143,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             kind="router_out_of_files",
             retry_after=1.0,
         )
-    if isinstance(exc, upstream.ConnectFailed):
+    if isinstance(exc, ConnectFailed):
         return ProxyError(
             502,
             f"Cannot connect to backend '{backend}': {_truncate(str(exc.os_error))}",
@@ -151,7 +151,7 @@ def translate(exc: BaseException, backend: str) -> ProxyError:
             code="upstream_connect_failed",
             kind="connect",
         )
-    if isinstance(exc, upstream.UpstreamError):
+    if isinstance(exc, UpstreamError):
         return ProxyError(
             502,
             f"Backend '{backend}' failed: {_truncate(str(exc) or type(exc).__name__)}",
@@ -191,7 +191,7 @@ def answer(err: ProxyError) -> Answer:
 
 
 class _ServerErrors:
-    """What the API server answers on its own (`sidecar.http_server.ErrorAnswers`)."""
+    """What the API server answers on its own (`sidecar.http.server.ErrorAnswers`)."""
 
     def malformed(self, detail: str) -> Answer:
         return answer(bad_request(f"Malformed HTTP request: {detail}"))

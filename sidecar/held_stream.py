@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
-from sidecar.http_server import Reply, Request
+from sidecar.http.messages import Reply, Request
 
 # A member that answers within this is not held: its stream starts as the upstream's does.
 HOLD_NOTICE_AFTER = 0.1
@@ -38,6 +38,20 @@ T = TypeVar("T")
 def sse_event(body: Mapping[str, object]) -> bytes:
     """`body` as one server-sent event."""
     return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def upstream_error_event(status: int, body: bytes) -> bytes:
+    """The upstream's error answer (`status`, `body`) as the last event of a stream that
+    already started: its own OpenAI error JSON if it sent one, else one that quotes it."""
+    try:
+        error = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
+        error = None
+    if not (isinstance(error, dict) and isinstance(error.get("error"), dict)):
+        text = body[:200].decode("utf-8", "replace")
+        error = {"error": {"message": f"The backend answered {status}: {text}",
+                           "type": "upstream_error", "param": None, "code": "upstream_status"}}
+    return sse_event(error)
 
 
 class HeldStream:

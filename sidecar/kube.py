@@ -1,12 +1,12 @@
 """The router's only door to the Kubernetes API (the one sidecar module importing kr8s).
 
-It implements `sidecar.activation.KubePort`: it reads and watches the namespace's
+It implements `sidecar.kube_port.KubePort`: it reads and watches the namespace's
 ModelPools and EndpointSlices (list, then watch from the list's version, resume after a
 dropped connection, list again after 410 Gone), and writes a pool's `status.request` by
 JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. It watches the
 router's own ConfigMap the same way, so a new config applies as soon as it is written.
 It also creates the core/v1 Events that `sidecar.events` decides on
-(`sidecar.activation.EventPort`).
+(`sidecar.event_reporter.EventPort`).
 Every call goes through `_call`: kr8s never reads a refusal itself (see
 `telemetry.refusal`), and a 401 renews the token on the same session. kr8s and httpx
 errors are translated here, once, into `KubeError` and `Conflict`.
@@ -27,7 +27,6 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
-from sidecar.activation import Changed, Conflict, Deleted, KubeError, Listed, WatchEvent
 from sidecar.activator import (
     LastSwap,
     PoolRequest,
@@ -37,6 +36,7 @@ from sidecar.activator import (
 )
 from sidecar.endpoints import Endpoint, EndpointSlice
 from sidecar.events import Post
+from sidecar.kube_port import Changed, Conflict, Deleted, KubeError, Listed, WatchEvent
 from sidecar.reload import ConfigData
 from telemetry.refusal import Refusal, answer, renew_token
 from telemetry.watch import watch_params

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from sidecar.activation import Deleted, Listed, WatchEvent
+from sidecar.kube_port import Deleted, Listed, WatchEvent
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar import errors, http_server
-from sidecar.activation import ActivationError
+from sidecar import errors
 from sidecar.app import Api
 from sidecar.config import BackendConfig, RouterConfig
+from sidecar.http import server as http_server
 from sidecar.metrics import RouterMetrics
+from sidecar.target import ActivationError
 
 # --- fake upstream ------------------------------------------------------------------------
 

@@ -1,142 +1,33 @@
 """The activation shell (sidecar.activation) driven through its public interface.
 
-The API server is replaced by `FakeCluster`, an in-memory implementation of our own
-`KubePort` with the contract's compare-and-swap semantics (docs/contracts.md section 2),
-shared by several `Activation`s to stand for several router replicas. The tests play the
-reconciler by editing the fake's pool status and EndpointSlices. The real API server is
-exercised in tests/integration/test_router_kube.py.
+The API server is replaced by `FakeCluster` (`tests.kube_fake`), an in-memory
+implementation of our own `KubePort` with the contract's compare-and-swap semantics
+(docs/contracts.md section 2), shared by several `Activation`s to stand for several
+router replicas. The tests play the reconciler by editing the fake's pool status and
+EndpointSlices. The real API server is exercised in tests/integration/test_router_kube.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.activation import (
-    Activation,
-    ActivationError,
-    Changed,
-    Conflict,
-    Deleted,
-    Listed,
-    Target,
-    WatchEvent,
-)
+from sidecar.activation import Activation
 from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
 from sidecar.config import RouterConfig, parse_config
-from sidecar.endpoints import Endpoint, EndpointSlice
 from sidecar.metrics import RouterMetrics
+from sidecar.target import ActivationError, Target
+from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.functional
 
 NS = "demo"
-
-
-class FakeCluster:
-    """Pools and EndpointSlices of one namespace, with watches and CAS writes."""
-
-    def __init__(self) -> None:
-        self.rv = 100
-        self.pools: dict[str, PoolStatus] = {}
-        self.slices: dict[str, EndpointSlice] = {}
-        self.writes: list[WriteRequest] = []  # successful ones, in order
-        self.attempts: list[WriteRequest] = []  # every write sent, as it arrives
-        # While set and not released, writes wait at it: a test can hold one in flight.
-        self.write_gate: asyncio.Event | None = None
-        self.conflicts = 0
-        self.reads = 0
-        self.slice_lists = 0
-        self._pool_watchers: list[asyncio.Queue[WatchEvent[PoolStatus]]] = []
-        self._slice_watchers: list[asyncio.Queue[WatchEvent[EndpointSlice]]] = []
-
-    def _next_rv(self) -> str:
-        self.rv += 1
-        return str(self.rv)
-
-    # --- the reconciler's side, played by the tests ---
-
-    def set_pool(self, name: str, **changes: Any) -> PoolStatus:
-        old = self.pools.get(name) or PoolStatus(name, "0")
-        status = replace(old, resource_version=self._next_rv(), **changes)
-        self.pools[name] = status
-        for q in self._pool_watchers:
-            q.put_nowait(Changed(status))
-        return status
-
-    def set_endpoints(
-        self, service: str, *addresses: str, ready: bool = True, port: int = 8080
-    ) -> None:
-        s = EndpointSlice(
-            f"{service}-abc", service, port, tuple(Endpoint(a, ready) for a in addresses)
-        )
-        self.slices[s.name] = s
-        for q in self._slice_watchers:
-            q.put_nowait(Changed(s))
-
-    def delete_endpoints(self, service: str) -> None:
-        del self.slices[f"{service}-abc"]
-        for q in self._slice_watchers:
-            q.put_nowait(Deleted(f"{service}-abc"))
-
-    def delivered(self) -> bool:
-        """Every watch event sent so far has been taken, and so handled, by its router
-        (a router handles a watch event in the step that takes it off the queue)."""
-        pools = all(q.empty() for q in self._pool_watchers)
-        slices = all(q.empty() for q in self._slice_watchers)
-        return bool(self._pool_watchers) and pools and slices
-
-    def requests_for(self, member: str | None) -> list[WriteRequest]:
-        return [w for w in self.writes if w.request.member == member]
-
-    # --- KubePort ---
-
-    async def get_pool(self, namespace: str, name: str) -> PoolStatus | None:
-        await asyncio.sleep(0)
-        self.reads += 1
-        return self.pools.get(name)
-
-    async def write_request(self, namespace: str, pool: str, write: WriteRequest) -> PoolStatus:
-        self.attempts.append(write)
-        if self.write_gate is not None:
-            await self.write_gate.wait()
-        await asyncio.sleep(0.001)  # let writers from several routers interleave
-        current = self.pools[pool]
-        if write.expected is not None:
-            if current.request is None or current.request.generation != write.expected.generation:
-                self.conflicts += 1
-                raise Conflict("test /status/request/generation failed")
-        elif current.resource_version != write.resource_version:
-            self.conflicts += 1
-            raise Conflict("test /metadata/resourceVersion failed")
-        self.writes.append(write)
-        return self.set_pool(pool, request=write.request, status_present=True)
-
-    async def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
-        q: asyncio.Queue[WatchEvent[PoolStatus]] = asyncio.Queue()
-        self._pool_watchers.append(q)
-        yield Listed(tuple(self.pools.values()))
-        while True:
-            yield await q.get()
-
-    async def watch_endpoint_slices(
-        self, namespace: str
-    ) -> AsyncIterator[WatchEvent[EndpointSlice]]:
-        q: asyncio.Queue[WatchEvent[EndpointSlice]] = asyncio.Queue()
-        self._slice_watchers.append(q)
-        yield Listed(tuple(self.slices.values()))
-        while True:
-            yield await q.get()
-
-    async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]:
-        await asyncio.sleep(0)
-        self.slice_lists += 1
-        return [s for s in self.slices.values() if s.service == service]
 
 
 def router_config(

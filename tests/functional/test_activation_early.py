@@ -1,7 +1,7 @@
 """A swap's target answering its readiness probe before its endpoint turns ready.
 
 The real proxy app and the real activation shell with its default probe
-(`sidecar.upstream.probe_ready`), the functional tests' `FakeCluster` for
+(`sidecar.http.probes.probe_ready`), the functional tests' `FakeCluster` for
 the API server (the tests play the reconciler and the EndpointSlice controller), and a
 fake upstream whose `/health` the test turns from 503 to 200. Held requests must go out
 as soon as the target answers while the pool's status says the swap to it is Loading,
@@ -19,10 +19,11 @@ from aiohttp import web
 
 from sidecar.activator import LastSwap, PoolRequest, SwapProgress
 from sidecar.config import RouterConfig
-from sidecar.upstream import probe_ready
+from sidecar.http.probes import probe_ready
 from tests.functional.proxy_support import FakeUpstream, serve_app
-from tests.functional.test_activation import FakeCluster, eventually, router_config, stays
+from tests.functional.test_activation import eventually, router_config, stays
 from tests.functional.test_activation_proxy import Stack, closed_port, port_of, run_stack
+from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.functional
 

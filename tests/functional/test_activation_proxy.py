@@ -27,7 +27,8 @@ from sidecar.app import Live, make_app
 from sidecar.config import RouterConfig
 from sidecar.metrics import RouterMetrics
 from tests.functional.proxy_support import FakeUpstream, serve_app
-from tests.functional.test_activation import FakeCluster, eventually, router_config, stays
+from tests.functional.test_activation import eventually, router_config, stays
+from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.functional
 

@@ -1,4 +1,4 @@
-"""The router's own HTTP/1.1 server (`sidecar.http_server`) on a real socket, spoken to in
+"""The router's own HTTP/1.1 server (`sidecar.http.server`) on a real socket, spoken to in
 raw bytes and by aiohttp's client: pipelining, bodies over the limit refused unread,
 `Expect: 100-continue`, a garbled request, chunked and close-delimited streams, a client
 that leaves, idle keep-alive connections, a failing handler and a graceful shutdown.
@@ -17,8 +17,10 @@ import aiohttp
 import pytest
 import uvloop
 
-from sidecar import errors, http_server
-from sidecar.http_server import Reply, Request, Server
+from sidecar import errors
+from sidecar.http import server as http_server
+from sidecar.http.messages import Reply, Request
+from sidecar.http.server import Server
 
 pytestmark = pytest.mark.functional
 

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.app import Live, make_app
 from sidecar.auth import parse_keys
 from sidecar.config import parse_config
+from sidecar.http.slots import EndpointSlots
 from sidecar.metrics import RouterMetrics
-from sidecar.upstream import EndpointSlots
 from telemetry.health import make_health_app
 from tests.functional.proxy_support import (
     REFUSED_BACKEND,

@@ -1,4 +1,4 @@
-"""The router's own HTTP/1.1 client (`sidecar.upstream.Client`) through the whole proxy,
+"""The router's own HTTP/1.1 client (`sidecar.http.client.Client`) through the whole proxy,
 against an upstream that writes raw bytes: keep-alive reuse, `Connection: close`, a body
 that ends with its connection, interim 100 answers, bodies too large to pass whole, flow
 control, a path prefix, a garbled answer and a read timeout mid-stream."""
@@ -20,9 +20,9 @@ import pytest
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from sidecar import upstream
 from sidecar.app import Live, make_app
 from sidecar.config import parse_config
+from sidecar.http import client as upstream
 from sidecar.metrics import RouterMetrics
 from tests.functional.proxy_support import StandInActivation, config_json, serve_app, url_backend
 

@@ -29,8 +29,8 @@ from e2e.harness import eventually, wait_established
 from e2e.local.fixtures import Kubectl, fresh_namespace, kr8s_client
 from e2e.local.node_agent import kube as agent_kube
 from reconciler import kube as reconciler_kube
-from sidecar.activation import Changed, Listed
 from sidecar.kube import KubeClient, KubeError
+from sidecar.kube_port import Changed, Listed
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,11 @@ from prometheus_client import CollectorRegistry
 from e2e.fake_model.harness import free_port
 from e2e.harness import wait_established
 from e2e.local.fixtures import Kubectl
-from sidecar.activation import Activation, Changed, Conflict, Listed, WatchEvent
+from sidecar.activation import Activation
 from sidecar.activator import PoolRequest, PoolStatus, WriteRequest
 from sidecar.config import RouterConfig, parse_config
 from sidecar.kube import KubeClient, connect
+from sidecar.kube_port import Changed, Conflict, Listed, WatchEvent
 from sidecar.metrics import RouterMetrics
 from tests.functional.proxy_support import config_json, url_backend
 

@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.activation import Conflict, KubeError
 from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
 from sidecar.endpoints import Endpoint
 from sidecar.kube import (
@@ -21,6 +20,7 @@ from sidecar.kube import (
     parse_slice,
     request_patch,
 )
+from sidecar.kube_port import Conflict, KubeError
 from telemetry.refusal import read_refusal
 
 pytestmark = pytest.mark.unit

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.activation import Changed, Deleted, Listed
 from sidecar.kube import KubeClient
+from sidecar.kube_port import Changed, Deleted, Listed
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,6 @@
-"""The activator's layering, checked on the source: its decisions import nothing that
-waits or talks, and `sidecar.kube` is the only sidecar module that imports kr8s."""
+"""The activator's layering, checked on the source: its decisions, and the port and the
+answers its shell speaks in (`kube_port`, `target`), import nothing that waits or talks,
+and `sidecar.kube` is the only sidecar module that imports kr8s."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
-PURE = ("activator.py", "retry_after.py", "endpoints.py", "events.py")
+PURE = (
+    "activator.py", "retry_after.py", "endpoints.py", "events.py", "kube_port.py", "target.py",
+)
 IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
 
 

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from sidecar import errors, upstream
-from sidecar.activation import ActivationError
+from sidecar import errors
+from sidecar.http import client as upstream
+from sidecar.target import ActivationError
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""`sidecar.upstream.ReadDeadlines`: one timer keeps every read timeout of a client. A read
+"""`sidecar.http.client.ReadDeadlines`: one timer keeps every read timeout of a client. A read
 that waits too long fails with ReadTimedOut, never before its timeout; one that got its
 answer is left alone; a shorter timeout is kept even while a long one set the pace; and
 the timer is only set while something waits."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from sidecar import upstream
+from sidecar.http import client as upstream
 
 
 async def test_a_read_that_waits_too_long_fails_after_its_timeout_and_not_before() -> None:

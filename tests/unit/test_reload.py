@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.activation import Changed, Deleted, Listed, WatchEvent
+from sidecar.kube_port import Changed, Deleted, Listed, WatchEvent
 from sidecar.reload import ConfigData, WatchedFile, follow
 
 pytestmark = pytest.mark.unit

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.activation import KubeError
 from sidecar.events import NORMAL, SWAP_REQUESTED, Post
 from sidecar.kube import KubeClient
+from sidecar.kube_port import KubeError
 
 pytestmark = pytest.mark.unit
 

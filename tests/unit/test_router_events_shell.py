@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sidecar.activation import ActivationError, EventPort, EventReporter
 from sidecar.activator import LastSwap, PoolRequest
+from sidecar.event_reporter import EventPort, EventReporter
 from sidecar.events import (
     HELD_REQUESTS_FAILED,
     HELD_REQUESTS_REJECTED,
@@ -28,7 +28,9 @@ from sidecar.events import (
     Post,
 )
 from sidecar.kube import KubeClient
-from tests.functional.test_activation import NS, FakeCluster, Router, router_config, running
+from sidecar.target import ActivationError
+from tests.functional.test_activation import NS, Router, router_config, running
+from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.unit
 
@@ -203,7 +205,7 @@ async def test_a_failing_port_never_reaches_the_caller_and_is_logged_once_per_re
     port = Recorder(fail=OSError("connection refused"))
     reporter = EventReporter(port, "pod-a", window=0.0)
     task = await reporting(reporter)
-    caplog.set_level(logging.DEBUG, logger="sidecar.activation")
+    caplog.set_level(logging.DEBUG, logger="sidecar.event_reporter")
     try:
         for n in range(3):
             reporter.note(rejected(n))  # returns at once, raises nothing

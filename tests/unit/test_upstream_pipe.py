@@ -1,4 +1,4 @@
-"""`sidecar.upstream._Connection.pipe`: an upstream answer's body written to the client from
+"""`sidecar.http.client.Connection.pipe`: an upstream answer's body written to the client from
 the protocol's callback, with the upstream paused while the client's socket is full, a
 stall cut after the read timeout, and a client that leaves ending the pipe. The upstream's
 bytes are fed to the protocol by hand; the client is a stand-in for `Reply`."""
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sidecar import upstream
+from sidecar.http import client as upstream
 
 
 class FakeTransport:
@@ -70,8 +70,8 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def connection() -> tuple[upstream._Connection, FakeTransport]:
-    conn = upstream._Connection(asyncio.get_running_loop())
+async def connection() -> tuple[upstream.Connection, FakeTransport]:
+    conn = upstream.Connection(asyncio.get_running_loop())
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.send([b"GET / HTTP/1.1\r\n\r\n"])
@@ -81,7 +81,7 @@ async def connection() -> tuple[upstream._Connection, FakeTransport]:
 
 
 async def piped(read_timeout: float = 5.0, on_first_chunk: Callable[[], None] = lambda: None
-                ) -> tuple[upstream._Connection, FakeTransport, FakeReply, asyncio.Future[bool]]:
+                ) -> tuple[upstream.Connection, FakeTransport, FakeReply, asyncio.Future[bool]]:
     """A connection whose answer's head is in, piping into a fresh client from now on."""
     conn, transport = await connection()
     reply = FakeReply()

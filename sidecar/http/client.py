@@ -1,19 +1,21 @@
-"""The one place the router makes upstream HTTP calls.
+"""The router's own HTTP/1.1 client: the one place it makes upstream HTTP calls.
 
-One `Client` (keep-alive HTTP/1.1 connections per endpoint) per API (`sidecar.app.Api`).
-Bodies pass through unchanged (no decompression, no re-encoding) and answers stream chunk
-by chunk into the client's `Reply` (`sidecar.http_server`), so server-sent events reach
-the client as the model emits them.
+Keep-alive connections per endpoint (`Client`), one write per request, httptools (llhttp,
+C) to parse the answer, and its body handed over chunk by chunk as it arrives. Bodies pass
+through unchanged (no decompression, no re-encoding); an answer's body can be piped
+straight into a `Reply` (`sidecar.http.messages`), so server-sent events reach the client
+as the model emits them.
+
+aiohttp's ClientSession spent 140 to 170 us of CPU per request on loopback (a third to a
+half of the router's), on request and response objects, a task for the body, cookie,
+redirect and trace machinery the router never uses; this client spends 55 to 70 us.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import errno
-import json
-import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,105 +24,7 @@ from typing import cast
 import httptools
 import yarl
 
-from sidecar import held_stream
-from sidecar.http_server import Reply, Request
-
-logger = logging.getLogger(__name__)
-
-# Far above any model server's parallel slots, low enough that thousands of held
-# requests released at once by a swap wait for a turn instead of exhausting descriptors.
-MAX_IN_FLIGHT_PER_ENDPOINT = 1024
-
-
-class EndpointSlots:
-    """At most `limit` requests in flight to each upstream endpoint; the rest wait here.
-
-    Waiting here costs microseconds, whereas a request parked in aiohttp's connector pool
-    has already paid for building itself: when a swap releases thousands of held requests
-    in one loop iteration, only `limit` of them do that work (and start connect timers)
-    at once, so the timers are not starved by the others.
-
-    Paid on every proxied request, so the free path is a counter and no object: waiters
-    (first come, first served) exist only while an endpoint is at its limit, and an
-    endpoint is forgotten once unused, as pod addresses come and go.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._busy: dict[str, int] = {}
-        self._waiters: dict[str, collections.deque[asyncio.Future[None]]] = {}
-
-    def __len__(self) -> int:
-        """How many endpoints have a request in flight or waiting."""
-        return len(self._busy)
-
-    def take(self, endpoint: str) -> bool:
-        """Take a free slot of `endpoint` at once, if there is one (no one waits for it)."""
-        busy = self._busy.get(endpoint, 0)
-        if busy < self._limit and endpoint not in self._waiters:
-            self._busy[endpoint] = busy + 1
-            return True
-        return False
-
-    async def acquire(self, endpoint: str) -> None:
-        """Take a slot of `endpoint`; give it back with `release` (try/finally)."""
-        if self.take(endpoint):
-            return
-        waiters = self._waiters.setdefault(endpoint, collections.deque())
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters.append(future)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self.release(endpoint)  # handed a slot just as it was cancelled
-            else:
-                with contextlib.suppress(ValueError):  # already skipped by `release`
-                    waiters.remove(future)
-                self._tidy(endpoint)
-            raise
-
-    def release(self, endpoint: str) -> None:
-        waiters = self._waiters.get(endpoint)
-        while waiters:
-            future = waiters.popleft()
-            if not future.done():  # a cancelled waiter is skipped
-                # The slot passes to the next waiter: the count stays as it is.
-                future.set_result(None)
-                self._tidy(endpoint)
-                return
-        self._busy[endpoint] -= 1
-        self._tidy(endpoint)
-
-    def _tidy(self, endpoint: str) -> None:
-        waiters = self._waiters.get(endpoint)
-        if waiters is not None and not waiters:
-            del self._waiters[endpoint]
-            waiters = None
-        if waiters is None and self._busy.get(endpoint) == 0:
-            del self._busy[endpoint]
-
-
-# RFC 9110 section 7.6.1 connection-specific fields, plus the proxy ones. Header names
-# are compared as bytes, lower-cased, as they come off the wire.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-# Written by the client from the body it sends; never copied from the client.
-_REQUEST_OWN = frozenset({b"host", b"content-length", b"expect"})
-_REQUEST_SKIP = HOP_BY_HOP | _REQUEST_OWN
-# Written by the router's server for the client.
-_RESPONSE_SKIP = HOP_BY_HOP | {b"content-length", b"date"}
+from sidecar.http.messages import Reply
 
 # An idle pooled connection older than this is closed rather than reused, so a request
 # rarely meets one the server is closing at the same moment (aiohttp's default).
@@ -130,7 +34,7 @@ KEEPALIVE_SECONDS = 15.0
 _PAUSE_BYTES = 256 * 1024
 
 
-# --- what can go wrong (sidecar.errors translates these) ----------------------------------
+# --- what can go wrong ------------------------------------------------------------------
 
 
 # The most an answer's status line and headers may take; past it the answer is broken.
@@ -169,31 +73,7 @@ class Disconnected(UpstreamError):
     """The connection closed, or carried something that is not an HTTP response."""
 
 
-@dataclass
-class Relay:
-    """How a forwarded response ended once it had started."""
-
-    status: int  # what the client was answered (0: nothing)
-    # Set when the upstream broke mid-response (kind for metrics); the client's
-    # connection has then been closed so it cannot mistake a truncated body for a whole one.
-    upstream_failure: str | None = None
-    client_gone: bool = False
-    # The upstream's status when the client's response had already started with another
-    # (a held stream, answered 200 early): what the metrics count.
-    answered: int | None = None
-
-
-# --- the HTTP/1.1 client ------------------------------------------------------------------
-#
-# aiohttp's ClientSession spent 140 to 170 us of CPU per request on loopback (a third to a
-# half of the router's), on request and response objects, a task for the body, cookie,
-# redirect and trace machinery the router never uses; this client spends 55 to 70 us.
-# What the router needs is small: keep-alive connections per endpoint, one write per
-# request, httptools (llhttp, C) to parse the answer, and its body handed over chunk by
-# chunk as it arrives.
-
-
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One keep-alive connection to an upstream; one exchange at a time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop,
@@ -205,7 +85,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         # Called if the server closes this connection while it waits in the pool, whose
         # key (the base URL) is `pool_key`.
-        self.on_idle_close: Callable[[_Connection], None] | None = None
+        self.on_idle_close: Callable[[Connection], None] | None = None
         self.pool_key = ""
         # Whether it served an exchange before the current one (it came from the pool).
         self.reused = False
@@ -542,7 +422,7 @@ class Client:
     def __init__(self, connect_timeout: float, keepalive_seconds: float = KEEPALIVE_SECONDS):
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive_seconds
-        self._idle: dict[str, list[_Connection]] = {}  # by base URL
+        self._idle: dict[str, list[Connection]] = {}  # by base URL
         self._endpoints: dict[str, _Endpoint] = {}
         self._ssl: ssl.SSLContext | None = None
         self._deadlines: ReadDeadlines | None = None
@@ -555,7 +435,7 @@ class Client:
                 self._endpoints = {base_url: known}
         return known
 
-    def pooled(self, endpoint: _Endpoint) -> _Connection | None:
+    def pooled(self, endpoint: _Endpoint) -> Connection | None:
         """The most recently used idle connection to `endpoint` still fit to reuse (its
         `reused` set), if there is one."""
         idle = self._idle.get(endpoint.base_url)
@@ -574,7 +454,7 @@ class Client:
         del self._idle[endpoint.base_url]
         return None
 
-    async def connect(self, endpoint: _Endpoint) -> _Connection:
+    async def connect(self, endpoint: _Endpoint) -> Connection:
         """A new connection to `endpoint`."""
         loop = asyncio.get_running_loop()
         deadlines = self._deadlines
@@ -584,7 +464,7 @@ class Client:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(loop, deadlines),
+                    lambda: Connection(loop, deadlines),
                     endpoint.host,
                     endpoint.port,
                     ssl=self._ssl_context() if endpoint.ssl else None,
@@ -597,7 +477,7 @@ class Client:
             raise ConnectFailed(address, e) from e
         return conn
 
-    def done(self, endpoint: _Endpoint, conn: _Connection) -> None:
+    def done(self, endpoint: _Endpoint, conn: Connection) -> None:
         """Give `conn` back after a whole exchange, or close it if it cannot serve another."""
         if conn.reusable and conn.transport is not None:
             conn.idle_since = asyncio.get_running_loop().time()
@@ -607,7 +487,7 @@ class Client:
         else:
             conn.close()
 
-    def _forget(self, conn: _Connection) -> None:
+    def _forget(self, conn: Connection) -> None:
         base_url = conn.pool_key
         idle = self._idle.get(base_url)
         if idle is not None and conn in idle:
@@ -648,300 +528,3 @@ def _parse_endpoint(base_url: str) -> _Endpoint:
         prefix=url.raw_path.rstrip("/"),
         host_header=authority.encode("ascii"),
     )
-
-
-# --- headers ------------------------------------------------------------------------------
-
-
-_NOTHING: frozenset[bytes] = frozenset()
-RawHeaders = list[tuple[bytes, bytes]]
-
-
-def request_headers(raw: RawHeaders, *, drop: frozenset[bytes] = _NOTHING) -> bytes:
-    """The client's header lines minus hop-by-hop ones, whatever `Connection` lists and
-    any in `drop` (lower-case names), ready to send."""
-    if not drop:
-        return _lines(raw, *_REQUEST_SKIPPING)
-    skipping = _with_dropped.get(drop)
-    if skipping is None:  # callers pass one of a few constant sets
-        skipping = _with_dropped[drop] = _skipping(_REQUEST_SKIP | drop)
-    return _lines(raw, *skipping)
-
-
-def response_headers(raw: RawHeaders) -> bytes:
-    """The upstream's header lines minus hop-by-hop ones, whatever `Connection` lists, and
-    the framing the router writes itself (`Content-Length`, `Date`), ready to send."""
-    return _lines(raw, *_RESPONSE_SKIPPING)
-
-
-_Skipping = tuple[frozenset[bytes], frozenset[int]]
-
-
-def _skipping(names: frozenset[bytes]) -> _Skipping:
-    """A set of names to skip, with the lengths of its names."""
-    return names, frozenset(len(name) for name in names)
-
-
-_RESPONSE_SKIPPING = _skipping(_RESPONSE_SKIP)
-_REQUEST_SKIPPING = _skipping(_REQUEST_SKIP)
-# The request's names to skip with each set of further names dropped (`request_headers`).
-_with_dropped: dict[frozenset[bytes], _Skipping] = {}
-
-
-def _lines(raw: RawHeaders, skip: frozenset[bytes], sizes: frozenset[int]) -> bytes:
-    kept = []
-    listed: frozenset[bytes] | None = None  # named by `Connection`, beyond hop-by-hop
-    for name, value in raw:
-        if len(name) not in sizes:  # no name to skip is this long: no need to lower it
-            kept.append(b"%s: %s\r\n" % (name, value))
-            continue
-        low = name.lower()
-        if low in skip:
-            if low == b"connection":
-                tokens = _connection_tokens(value)
-                if tokens:
-                    listed = tokens if listed is None else listed | tokens
-        else:
-            kept.append(b"%s: %s\r\n" % (name, value))
-    if listed is None:
-        return b"".join(kept)
-    return b"".join([b"%s: %s\r\n" % (name, value) for name, value in raw
-                     if (low := name.lower()) not in skip and low not in listed])
-
-
-_TOKENS: dict[bytes, frozenset[bytes]] = {}
-
-
-def _connection_tokens(value: bytes) -> frozenset[bytes]:
-    """The header names a `Connection` value lists, beyond the hop-by-hop ones."""
-    tokens = _TOKENS.get(value)
-    if tokens is None:
-        tokens = frozenset(t.strip().lower() for t in value.split(b",") if t.strip())
-        tokens -= HOP_BY_HOP
-        if len(_TOKENS) < 256:  # the same few values ("keep-alive", "close") recur
-            _TOKENS[value] = tokens
-    return tokens
-
-
-# --- the relay ----------------------------------------------------------------------------
-
-
-async def forward(
-    request: Request,
-    reply: Reply,
-    client: Client,
-    *,
-    base_url: str,
-    body: bytes,
-    headers: bytes,
-    read_timeout: float,
-    on_first_chunk: Callable[[], None],
-    answered_by: str | None = None,
-) -> Relay:
-    """Send `body` to `base_url` + the request's path and stream the answer back in
-    `reply`.
-
-    Errors before the answer starts are `UpstreamError`s and propagate (the caller
-    translates them into an error answer); after it has started they end the relay. A
-    body of known length up to `WHOLE_REPLY_BYTES` goes out with its head once it is all
-    in, so a break before then is still an error before the answer.
-    A `reply` already started (a held stream, `held_stream`) is continued by the
-    upstream's events, and an upstream error status becomes its last event.
-    """
-    endpoint = client.endpoint(base_url)
-    head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
-        request.method.encode("ascii"),
-        endpoint.prefix.encode("ascii"),
-        _target(request),
-        endpoint.host_header,
-        headers,
-        len(body),
-    )
-    request_bytes = [head, body] if len(body) > 16 * 1024 else [head + body]
-    # Not one coroutine for both: a pooled connection, the usual case, is taken at once.
-    conn = client.pooled(endpoint) or await client.connect(endpoint)
-    finished = False
-    try:
-        conn.send(request_bytes)
-        # Starts now, with the member resident: a hold never eats into it.
-        try:
-            await conn.head(read_timeout)
-        except Disconnected:
-            if not conn.reused or conn.heard:
-                raise
-            # The keep-alive race: a server closes an idle connection when its own
-            # keep-alive timeout ends (llama-server's is 5 s), and a request that went
-            # out on it at that moment is never read. Closed with no byte of an answer,
-            # a pooled connection is taken for that: the request goes once more on a new
-            # connection, and a new one that fails the same way is a real failure.
-            logger.debug("pooled connection to %s closed unanswered; sending again",
-                         base_url)
-            conn.close()
-            conn = await client.connect(endpoint)
-            conn.send(request_bytes)
-            await conn.head(read_timeout)
-        if reply.started:
-            relay = await _relay_into(request, reply, conn, read_timeout, on_first_chunk)
-            finished = relay.upstream_failure is None and not relay.client_gone
-            return relay
-        length = conn.length
-        out_headers = response_headers(conn.headers)
-        if answered_by is not None:  # sidecar.fallback.ANSWERED_BY
-            out_headers += b"X-Modelpool-Backend: %s\r\n" % answered_by.encode()
-        if length is not None and length <= WHOLE_REPLY_BYTES:
-            # A body of known length is one whole answer: its head goes out with it.
-            whole = await _whole_body(conn, read_timeout, on_first_chunk)
-            try:
-                await reply.send(conn.status, body=whole, reason=conn.reason or None,
-                                 lines=out_headers)
-            except ConnectionError:
-                return Relay(conn.status, client_gone=True)
-            finished = True
-            return Relay(conn.status)
-        # Anything else (SSE, chunked, large) gets its head at once, then each chunk.
-        try:
-            await reply.start(conn.status, reason=conn.reason or None, length=length,
-                              lines=out_headers)
-        except ConnectionError:
-            return Relay(conn.status, client_gone=True)
-        relay = await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
-        finished = relay.upstream_failure is None and not relay.client_gone
-        return relay
-    finally:
-        if finished:
-            client.done(endpoint, conn)
-        else:
-            conn.close()  # an answer may still be on its way: this connection is spent
-
-
-def _target(request: Request) -> bytes:
-    """The request's path and query as the client sent them (an absolute-form target, as
-    a client configured for a proxy sends, loses its scheme and host)."""
-    raw = request.target
-    if not raw.startswith("/"):
-        query = raw.find("?")
-        raw = request.path + (raw[query:] if query >= 0 else "")
-    return raw.encode("utf-8", "surrogateescape")
-
-
-# A reply of known length up to this size is read in one call and written in one: a
-# typical JSON answer arrives in one segment, so this is what streaming it would send,
-# for fewer turns of the loop. Anything longer, or of unknown length, streams.
-WHOLE_REPLY_BYTES = 64 * 1024
-
-
-async def _whole_body(
-    conn: _Connection, read_timeout: float, on_first_chunk: Callable[[], None]
-) -> bytes:
-    """The whole body (its first byte counted). Nothing of it has gone to the client, so
-    a break before it is all in is an error like one before the head: the client is
-    answered 502 or 504 rather than left with a closed connection."""
-    try:
-        whole = conn.take_whole() if conn.complete else await conn.whole(read_timeout)
-    except Disconnected as e:
-        raise Disconnected(f"the {conn.status} answer broke off before its body was whole: "
-                           f"{e}") from e
-    except ReadTimedOut as e:
-        raise ReadTimedOut(f"the {conn.status} answer stalled before its body was whole: "
-                           f"{e}") from e
-    on_first_chunk()
-    return whole
-
-
-async def _relay_into(
-    request: Request,
-    reply: Reply,
-    conn: _Connection,
-    read_timeout: float,
-    on_first_chunk: Callable[[], None],
-) -> Relay:
-    """The upstream's answer into a stream the client already has: its events as they
-    come, or its error status as one OpenAI-shaped error event."""
-    if conn.status == 200:
-        return await _relay_chunks(request, reply, conn, read_timeout, on_first_chunk)
-    whole = await _whole_body(conn, read_timeout, on_first_chunk)
-    try:
-        body = json.loads(whole)
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
-        body = None
-    if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):
-        text = whole[:200].decode("utf-8", "replace")
-        body = {"error": {"message": f"The backend answered {conn.status}: {text}",
-                          "type": "upstream_error", "param": None, "code": "upstream_status"}}
-    try:
-        await reply.end(held_stream.sse_event(body))
-    except ConnectionError:
-        return Relay(reply.status, client_gone=True, answered=conn.status)
-    return Relay(reply.status, answered=conn.status)
-
-
-async def _relay_chunks(
-    request: Request,
-    reply: Reply,
-    conn: _Connection,
-    read_timeout: float,
-    on_first_chunk: Callable[[], None],
-) -> Relay:
-    """Each chunk to the client as soon as it is read."""
-    try:
-        ended = await conn.pipe(reply, read_timeout, on_first_chunk)
-    except (Disconnected, ReadTimedOut) as e:
-        return _broken(request, reply, e)
-    if not ended:
-        return Relay(reply.status, client_gone=True)
-    try:
-        await reply.end()
-    except ConnectionError:
-        return Relay(reply.status, client_gone=True)
-    return Relay(reply.status)
-
-
-async def reachable(base_url: str, connect_timeout: float) -> bool:
-    """Whether a fresh TCP connection to `base_url`'s host and port succeeds.
-
-    Tells a dead endpoint from a keep-alive race: a pooled connection that the server
-    closed fails the same way as a server that died, but only the dead one refuses a new
-    connection."""
-    parsed = yarl.URL(base_url)
-    host, port = parsed.host, parsed.port
-    if host is None or port is None:
-        return False
-    try:
-        async with asyncio.timeout(connect_timeout):
-            _reader, writer = await asyncio.open_connection(host, port)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
-
-
-async def probe_ready(host: str, port: int, path: str, probe_timeout: float) -> bool:
-    """Whether `GET path` on `host:port` answers 200 within `probe_timeout` seconds.
-
-    The activator's early readiness probe of a swap's target (`sidecar.activation`): a
-    fresh connection each time, closed once the status line is read; a refusal, a
-    timeout or any other status is False."""
-    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    writer: asyncio.StreamWriter | None = None
-    try:
-        request = f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
-        async with asyncio.timeout(probe_timeout):
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(request.encode("ascii"))
-            status_line = await reader.readline()
-    except (OSError, TimeoutError, ValueError):
-        return False
-    finally:
-        if writer is not None:
-            writer.close()
-    parts = status_line.split(None, 2)
-    return len(parts) >= 2 and parts[0].startswith(b"HTTP/1.") and parts[1] == b"200"
-
-
-def _broken(request: Request, reply: Reply, exc: Disconnected | ReadTimedOut) -> Relay:
-    logger.warning("upstream failed mid-response for %s: %s", request.path, exc)
-    reply.abort()
-    kind = "timeout" if isinstance(exc, ReadTimedOut) else "disconnect"
-    return Relay(reply.status, upstream_failure=kind)
