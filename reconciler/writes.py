@@ -224,11 +224,11 @@ class Writer:
                                    now=self.clock(), instance=self.identity)
         self.metrics.api_writes_total.labels("create", "Event").inc()
 
-    def logger(self, body: Mapping[str, Any], log: logging.Logger) -> ObjectLogger:
-        """A logger for `body` whose events are posted as Kubernetes Events. A Warning
-        posted before a stall is written is refused in a namespace being deleted: that
-        ends the reconcile there, so nothing going away is called Stalled."""
-        return ObjectLogger(log, body, self.post_event, final=(k.NamespaceTerminating,))
+    def logger(self, body: Mapping[str, Any], to: logging.Logger) -> ObjectLogger:
+        """A logger for `body`, writing to `to`, whose events are posted as Kubernetes
+        Events. A Warning posted before a stall is written is refused in a namespace being
+        deleted: that ends the reconcile there, so nothing going away is called Stalled."""
+        return ObjectLogger(to, body, self.post_event, final=(k.NamespaceTerminating,))
 
     # Pools
 
