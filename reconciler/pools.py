@@ -125,10 +125,11 @@ class PoolReconciler:
         scaling = s.desired_replicas(state) is not None
         last_scale = {a.member: a for a in actions if isinstance(a, s.Scale)}
         for action in actions:
-            if isinstance(action, s.Scale) and last_scale[action.member] is not action:
-                continue
-            if isinstance(action, FIRST):
-                await self._execute(namespace, name, action, logger, scaling)
+            if isinstance(action, s.Scale):
+                if last_scale[action.member] is action:
+                    await self._scale(namespace, action, logger, scaling)
+            elif isinstance(action, FIRST):
+                await self._execute(namespace, name, action, logger)
         # Level-based, so a pod the ReplicaSet creates later (a staged target, a
         # resident's pod replaced) is released by the pool's next reconcile, which its
         # creation triggers.
@@ -148,11 +149,10 @@ class PoolReconciler:
         return result
 
     async def _execute(self, namespace: str, pool: str, action: s.Action,
-                       logger: ObjectLogger, scaling: bool = True) -> None:
+                       logger: ObjectLogger) -> None:
+        """Perform one action of the swap's but a Scale (`_scale`)."""
         m = self.ctx.metrics
-        if isinstance(action, s.Scale):
-            await self._scale(namespace, action, logger, scaling)
-        elif isinstance(action, s.ProbeIdle):
+        if isinstance(action, s.ProbeIdle):
             self._start_probe(namespace, pool, action.member)
         elif isinstance(action, s.ProbeActivity):
             self._start_probe(namespace, pool, action.member, activity=True)
@@ -176,6 +176,8 @@ class PoolReconciler:
 
     async def _scale(self, namespace: str, action: s.Scale, logger: ObjectLogger,
                      scaling: bool) -> None:
+        """Run the member at the replicas `action` carries (`scaling`: the pool's spec has
+        no problem; with one, the member is reconciled at whatever runs)."""
         logger.info("scaling %s to %d", action.member, action.replicas)
         key = Key(SERVER, namespace, action.member)
         try:
