@@ -1,6 +1,6 @@
 """The reconciler's Prometheus metrics, on an injected registry.
 
-Every family in DESIGN.md "Metrics" for the reconciler lives on one object, built once at
+Every family the reconciler exports lives on one object, built once at
 the entry point on the registry the metrics server serves (tests build a fresh one), so no
 collector can end up on a registry nothing exposes.
 """

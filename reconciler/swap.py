@@ -7,7 +7,8 @@ request, post an Event, record a metric. It performs none of it: `step` returns 
 state and a list of actions, and the shell in `reconciler.pools` executes them. No
 awaits, no clock reads, no I/O, so every rule below is tested by tables of cases.
 
-The rules (DESIGN.md "The swap", docs/contracts.md section 2):
+The rules (the status they show: docs/contracts.md section 2; the parts around them:
+docs/architecture.md):
 
 - A request whose member differs from the resident starts a swap; a cold pool with a
   `default` loads it. A request already answered (its generation was abandoned, failed or
@@ -82,7 +83,7 @@ IDLE_UNLOAD_UNSUPPORTED = "IdleUnloadUnsupported"
 # The longest wait between two activity probes of the resident (idleUnloadAfter).
 MAX_ACTIVITY_INTERVAL = 15.0
 
-# Metric phase names (DESIGN.md "Metrics").
+# Metric phase names: the `phase` label of swap_phase_duration_seconds (`reconciler.metrics`).
 METRIC_PHASES = ("drain", "unload", "schedule", "load")
 
 

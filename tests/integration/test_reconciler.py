@@ -27,7 +27,6 @@ from prometheus_client import CollectorRegistry
 
 from e2e.harness import wait_established
 from reconciler.__main__ import run
-from reconciler.controller import CREATE_RETRIED
 from reconciler.kube import (
     MODEL_POOLS,
     MODEL_ROUTERS,
@@ -38,6 +37,7 @@ from reconciler.kube import (
     request_cas_ops,
 )
 from reconciler.settings import Settings, SwapSettings
+from reconciler.writes import CREATE_RETRIED
 
 pytestmark = pytest.mark.integration
 
@@ -759,7 +759,7 @@ async def test_a_router_in_a_namespace_being_deleted_is_left_to_go_with_it(
         return True if found.returncode == 0 else None
 
     await eventually(rendered, "the router's ConfigMap", 30)
-    caplog.set_level(logging.INFO, logger="reconciler.controller")
+    caplog.set_level(logging.INFO, logger="reconciler")
     kubectl("delete", "namespace", namespace, "--wait=false")
     try:
         def stopped() -> list[str]:

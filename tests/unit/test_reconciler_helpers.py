@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from reconciler.controller import covers
 from reconciler.kube import KubeError, NamespaceTerminating, clear_request_ops, request_cas_ops
 from reconciler.logs import ObjectLogger
+from reconciler.objects import covers
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
-"""The swap's shell (`reconciler.controller`) over a fake of our own `Kube` port: the
-order in which a pool's reconcile performs what the state machine decided, and which
-keys a watch event wakes.
+"""The swap's shell (`reconciler.controller`, `reconciler.pools`) over a fake of our own
+`Kube` port: the order in which a pool's reconcile performs what the state machine
+decided, and which keys a watch event wakes.
 
 What a swap waits on goes first: the target's scale-up is sent before the pool's status
 write, an idle probe starts before it, and an Event never holds the next step back. A
@@ -17,13 +17,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from reconciler import swap as s
-from reconciler.controller import POOL, ROUTER, SERVER, Controller, Key
+from reconciler.controller import Controller
 from reconciler.idle import IdleCheck
 from reconciler.kube import Kube, KubeError, Resource
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.probes import Reading
 from reconciler.render import Renderer
 from reconciler.settings import Settings
+from reconciler.stores import POOL, ROUTER, SERVER, Key
 from reconciler.workqueue import WorkQueue
 
 pytestmark = pytest.mark.unit
@@ -173,7 +174,7 @@ def draining_a_to_b(c: Controller) -> None:
         "spec": {"replicas": 1}}
     draining = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.DRAINING,
                       started=NOW - 1, phase_started=NOW - 1, probe_in_flight=True)
-    c.pool_states[(NS, "slot")] = s.PoolState(
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, request=s.Request("b", 3), resident="a",
         resident_since=NOW - 60, swap=draining, observed=s.MemberPods(pods={"a": 1}))
 
@@ -197,11 +198,11 @@ async def test_the_staged_target_is_released_before_the_pool_status_is_written()
     c = controller(kube, [gated("b")])  # the incumbent's pods are gone
     unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
                        started=NOW - 1, phase_started=NOW - 1)
-    c.pool_states[(NS, "slot")] = s.PoolState(
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, request=s.Request("b", 3), resident=None,
         swap=unloading, observed=s.MemberPods(pods={"a": 1, "b": 1}))
-    await c.reconcile_pool(NS, "slot")
-    state = c.pool_states[(NS, "slot")]
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    state = c.pool_reconciler.states[(NS, "slot")]
     assert state.swap is not None and state.swap.phase is s.Phase.LOADING
     release = index(kube.calls, ("patch", "Pod", "b-2"))
     assert release < index(kube.calls, ("status", "ModelPool", "slot"))
@@ -216,11 +217,11 @@ async def test_a_staged_target_stays_gated_while_the_incumbent_unloads() -> None
     c = controller(kube, [going, gated("b")])
     unloading = s.Swap(from_="a", to="b", generation=3, phase=s.Phase.UNLOADING,
                        started=NOW - 1, phase_started=NOW - 1)
-    c.pool_states[(NS, "slot")] = s.PoolState(
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, request=s.Request("b", 3), resident=None,
         swap=unloading, observed=s.MemberPods(pods={"a": 1, "b": 1}, terminating={"a": 1}))
-    await c.reconcile_pool(NS, "slot")
-    state = c.pool_states[(NS, "slot")]
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    state = c.pool_reconciler.states[(NS, "slot")]
     assert state.swap is not None and state.swap.phase is s.Phase.UNLOADING
     assert not [call for call in kube.calls if call[0] == "patch"], kube.calls
 
@@ -228,10 +229,10 @@ async def test_a_staged_target_stays_gated_while_the_incumbent_unloads() -> None
 async def test_a_residents_new_pod_is_released_and_another_members_is_not() -> None:
     kube = FakeKube()
     c = controller(kube, [gated("a"), gated("b")])
-    c.pool_states[(NS, "slot")] = s.PoolState(
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, resident="a", resident_since=NOW - 60,
         observed=s.MemberPods(pods={"a": 1, "b": 1}))
-    await c.reconcile_pool(NS, "slot")
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     assert [call for call in kube.calls if call[0] == "patch"] == [("patch", "Pod", "a-2")]
 
 
@@ -239,8 +240,8 @@ async def test_the_incumbent_is_scaled_down_before_the_pool_status_is_written() 
     kube = FakeKube()
     c = controller(kube, [pod("a")])
     draining_a_to_b(c)
-    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
-    await c.reconcile_pool(NS, "slot")
+    c.pool_reconciler.idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     scale_down = index(kube.calls, ("apply", "Deployment", "a"))
     assert scale_down < index(kube.calls, ("status", "ModelPool", "slot"))
     # the target is staged in the same step: its pod is created while a unloads
@@ -255,13 +256,13 @@ async def test_a_swap_probes_the_incumbent_without_waiting_for_its_status_or_eve
     c.pools.cache[(NS, "slot")] = pool_body({
         "phase": "Ready", "residentMember": "a", "residentSince": "2026-11-30T10:00:00Z",
         "request": {"member": "b", "generation": 3}})
-    c.pool_states[(NS, "slot")] = s.PoolState(
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, resident="a", resident_since=NOW - 60,
         observed=s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, ready={"a": 1}))
-    await asyncio.wait_for(c.reconcile_pool(NS, "slot"), 5)
+    await asyncio.wait_for(c.pool_reconciler.reconcile(Key(POOL, NS, "slot")), 5)
     # the probe runs in its own task (the Event's task stays blocked: not awaited)
     await asyncio.wait_for(asyncio.gather(
-        *(t for t in c._probes if t.get_name().startswith("probe-"))), 5)
+        *(t for t in c.ctx.background.tasks if t.get_name().startswith("probe-"))), 5)
     probe = index(kube.calls, ("probe", "slots", "127.1.0.9"))
     assert probe < index(kube.calls, ("status", "ModelPool", "slot"))
     assert not any(call[0] == "event" for call in kube.calls)  # still held back
@@ -299,9 +300,9 @@ async def test_a_pool_seen_for_the_first_time_wakes_the_members_it_wants_scaled(
     c = controller(kube)
     c.pools.cache[(NS, "slot")] = pool_body({
         "phase": "Ready", "residentMember": "a", "residentSince": "2026-11-30T10:00:00Z"})
-    await c.reconcile_pool(NS, "slot")
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     assert {Key(SERVER, NS, "a"), Key(SERVER, NS, "b")} <= queued(c)
-    await c.reconcile_pool(NS, "slot")  # nothing changed: nothing woken
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))  # nothing changed: nothing woken
     assert Key(SERVER, NS, "a") not in queued(c)
 
 
@@ -324,9 +325,10 @@ async def test_a_pool_whose_member_is_missing_is_stalled_only_once_it_had_time_t
     del c.servers.cache[(NS, "b")]
     c.pools.cache[(NS, "slot")] = pool_body(status)
     if seen_for:
-        c._first_seen[Key(POOL, NS, "slot")] = (1, NOW - seen_for)
-    await c.reconcile_pool(NS, "slot")
-    await asyncio.wait_for(asyncio.gather(*c._probes), 5)  # the Events, posted beside it
+        c.ctx.settling.first_seen[Key(POOL, NS, "slot")] = (1, NOW - seen_for)
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    # the Events, posted beside it
+    await asyncio.wait_for(asyncio.gather(*c.ctx.background.tasks), 5)
     written = c.pools.cache[(NS, "slot")]["status"]  # what the status patch wrote
     assert written.get("phase", status.get("phase")) == phase
     reasons = {x["type"]: x["reason"] for x in written["conditions"] if x["status"] == "True"}
@@ -354,22 +356,22 @@ async def test_a_server_is_rendered_again_only_when_its_spec_or_scale_changed() 
     kube = FakeKube()
     c = controller(kube)
     renderer = CountingRenderer()
-    c.renderer = renderer
-    c.pool_states[(NS, "slot")] = s.PoolState(config=config(), resident="a",
+    c.ctx.renderer = renderer
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(config=config(), resident="a",
                                               observed=s.MemberPods())  # a wanted at 1
-    await c.reconcile_server(NS, "a")
-    await c.reconcile_server(NS, "a")
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))
     assert renderer.renders == 1
     deployment = next(o for o in c.deployments.items(NS) if o["metadata"]["name"] == "a")
     deployment["spec"]["replicas"] = 7  # what was applied is not what is cached
-    await c.reconcile_server(NS, "a")
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))
     assert renderer.renders == 1
     assert kube.calls.count(("apply", "Deployment", "a")) == 2  # put back, from the cache
     changed = server("a")
     changed["metadata"]["generation"] = 2
     changed["spec"]["args"] = ["--ctx-size", "4096"]
     c.servers.cache[(NS, "a")] = changed
-    await c.reconcile_server(NS, "a")
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))
     assert renderer.renders == 2
     applied = next(o for o in c.deployments.items(NS) if o["metadata"]["name"] == "a")
     assert "4096" in str(applied["spec"]["template"]["spec"]["containers"][0]["args"])
@@ -383,9 +385,9 @@ async def test_a_scale_that_failed_is_retried_by_the_members_own_key() -> None:
     kube = FailingKube()
     c = controller(kube, [pod("a")])
     draining_a_to_b(c)
-    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    c.pool_reconciler.idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
     with pytest.raises(KubeError):
-        await c.reconcile_pool(NS, "slot")
+        await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     assert Key(SERVER, NS, "a") in c.queue._timers  # again after the backoff
     assert c.queue.failures(Key(SERVER, NS, "a")) == 1
     c.queue.shutdown()
@@ -406,23 +408,23 @@ class RaisingProbe:
 async def test_an_idle_probe_that_raises_fails_closed() -> None:
     kube = FakeKube()
     c = controller(kube, [pod("a")])
-    c.probe = RaisingProbe()
+    c.ctx.probe = RaisingProbe()
     body = pool_body({
         "phase": "Ready", "residentMember": "a", "residentSince": "2026-11-30T10:00:00Z",
         "request": {"member": "b", "generation": 3}})
     body["metadata"]["resourceVersion"] = "1000000"  # the echoes of status writes carry no spec
     c.pools.cache[(NS, "slot")] = body
-    c.pool_states[(NS, "slot")] = s.PoolState(
+    c.pool_reconciler.states[(NS, "slot")] = s.PoolState(
         config=config(), generation=1, resident="a", resident_since=NOW - 60,
         observed=s.MemberPods(pods={"a": 1}, scheduled={"a": 1}, ready={"a": 1}))
-    await c.reconcile_pool(NS, "slot")
-    await asyncio.gather(*c._probes)
-    assert c._idle_results[(NS, "slot")] == [
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    await asyncio.gather(*c.ctx.background.tasks)
+    assert c.pool_reconciler.idle_results[(NS, "slot")] == [
         s.IdleResult("a", s.Verdict.FAILED, "RuntimeError")]
     assert Key(POOL, NS, "slot") in queued(c)  # the answer wakes the pool
 
-    await c.reconcile_pool(NS, "slot")
-    state = c.pool_states[(NS, "slot")]
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    state = c.pool_reconciler.states[(NS, "slot")]
     assert state.swap is not None and state.swap.phase is s.Phase.DRAINING
     assert state.swap.deferral == s.Deferral(
         s.IDLE_CHECK_FAILED, "idle check of a failed: RuntimeError")
@@ -450,23 +452,23 @@ async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_swap_
     body = pool_body({"request": {"member": "b", "generation": 3}})
     body["metadata"]["resourceVersion"] = "1000000"  # the echoes of status writes carry no spec
     c.pools.cache[(NS, "slot")] = body
-    await c.reconcile_pool(NS, "slot")
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1
-    await c.reconcile_pool(NS, "slot")
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1  # once per swap
     # the incumbent's pod is gone: the swap scales b up, and the prewarm pod stays
     del c.pods.cache[(NS, "a-1")]
-    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
-    await c.reconcile_pool(NS, "slot")
-    await c.reconcile_pool(NS, "slot")
-    state = c.pool_states[(NS, "slot")]
+    c.pool_reconciler.idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    state = c.pool_reconciler.states[(NS, "slot")]
     assert state.swap is not None and state.swap.phase is s.Phase.LOADING
     assert ("delete", "Pod", "slot-prewarm") not in kube.calls
     # b is Ready: the swap is over, and the prewarm pod goes, once
     c.pods.cache[(NS, "b-1")] = pod("b")
-    await c.reconcile_pool(NS, "slot")
-    await c.reconcile_pool(NS, "slot")
-    state = c.pool_states[(NS, "slot")]
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    state = c.pool_reconciler.states[(NS, "slot")]
     assert state.swap is None and state.resident == "b"
     assert kube.calls.count(("delete", "Pod", "slot-prewarm")) == 1
     assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1
@@ -494,17 +496,17 @@ async def test_a_prewarm_pod_left_from_an_earlier_swap_is_deleted_when_it_is_in_
     body = pool_body({"request": {"member": "b", "generation": 3}})
     body["metadata"]["resourceVersion"] = "1000000"
     c.pools.cache[(NS, "slot")] = body
-    await c.reconcile_pool(NS, "slot")
-    await c.reconcile_pool(NS, "slot")
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     assert kube.calls.count(("refused", "Pod", "slot-prewarm")) == 1  # not on every reconcile
     assert ("delete", "Pod", "slot-prewarm") not in kube.calls  # not while the swap runs
     del c.pods.cache[(NS, "a-1")]
-    c._idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
-    await c.reconcile_pool(NS, "slot")
+    c.pool_reconciler.idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     c.pods.cache[(NS, "b-1")] = pod("b")
-    await c.reconcile_pool(NS, "slot")
-    await c.reconcile_pool(NS, "slot")
-    assert c.pool_states[(NS, "slot")].swap is None
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
+    assert c.pool_reconciler.states[(NS, "slot")].swap is None
     assert kube.calls.count(("delete", "Pod", "slot-prewarm")) == 1
 
 
@@ -518,5 +520,5 @@ async def test_no_prewarm_without_a_model_volume_or_when_the_pool_turns_it_off()
         body["spec"]["prewarm"] = prewarm
         c.pools.cache[(NS, "slot")] = body
         draining_a_to_b(c)
-        await c.reconcile_pool(NS, "slot")
+        await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
         assert not [call for call in kube.calls if call[1] == "Pod"], (storage, prewarm)

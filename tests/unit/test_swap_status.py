@@ -8,6 +8,7 @@ import pytest
 
 from reconciler import pool_status as ps
 from reconciler import swap as s
+from reconciler.merge_patch import status_patch
 
 pytestmark = pytest.mark.unit
 
@@ -81,9 +82,9 @@ def test_an_answered_request_is_restored_as_answered() -> None:
 def test_the_patch_is_empty_when_nothing_changed_and_deletes_what_went() -> None:
     state = swapping()
     first = ps.pool_status(state, None, T0 + 11)
-    assert ps.status_patch(ps.pool_status(state, first, T0 + 50), first) == {}
+    assert status_patch(ps.pool_status(state, first, T0 + 50), first) == {}
     done = replace(state, swap=None)
-    patch = ps.status_patch(ps.pool_status(done, first, T0 + 50), first)
+    patch = status_patch(ps.pool_status(done, first, T0 + 50), first)
     assert patch["swap"] is None
     assert patch["phase"] == "Ready"
     assert "residentMember" not in patch

@@ -1,0 +1,49 @@
+"""The questions one kind asks about another, answered from the watch caches: which
+pools hold a server, which routers front it, which pods are a server's. The reconcilers
+and the mapping of watch events to keys ask them alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from reconciler.objects import labels, meta, pod_active
+from reconciler.render import LABEL_SERVER
+from reconciler.stores import Stores
+
+
+class Lookups:
+    def __init__(self, stores: Stores) -> None:
+        self.stores = stores
+
+    def pools_of(self, namespace: str, server: str) -> list[str]:
+        """The pools that name `server` among their members."""
+        return [
+            meta(p)["name"]
+            for p in self.stores.pools.items(namespace)
+            if any(m.get("name") == server for m in (p.get("spec") or {}).get("members") or [])
+        ]
+
+    def pool_for(self, namespace: str, server: str) -> tuple[str | None, bool]:
+        """(the pool holding `server`, whether membership is ambiguous)."""
+        pools = sorted(self.pools_of(namespace, server))
+        if len(pools) > 1:
+            return None, True
+        return (pools[0] if pools else None), False
+
+    def routers_of(self, namespace: str, servers: Sequence[str]) -> list[str]:
+        """The routers with a backend on any of `servers`."""
+        found = []
+        for r in self.stores.routers.items(namespace):
+            refs = {
+                (b.get("modelServerRef") or {}).get("name")
+                for b in (r.get("spec") or {}).get("backends") or []
+            }
+            if refs & set(servers):
+                found.append(meta(r)["name"])
+        return found
+
+    def active_pods_of(self, namespace: str, server: str) -> list[dict[str, Any]]:
+        """The pods of `server` that may still hold a GPU (terminating ones too)."""
+        return [p for p in self.stores.pods.items(namespace)
+                if labels(p).get(LABEL_SERVER) == server and pod_active(p)]

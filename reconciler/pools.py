@@ -1,0 +1,326 @@
+"""The ModelPool reconciler: observe a pool's spec, its routers' request and its members'
+pods, step its swap (`reconciler.swap`, pure) and execute the actions the step returns:
+scale a member, probe one for idleness, clear the request, post an Event, record a
+metric. Then lift the slot gate of the members that may hold the slot, write the pool's
+status and run its prewarm pod."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+
+from reconciler import pool_status, scheduling
+from reconciler import swap as s
+from reconciler.context import Context
+from reconciler.idle import idle_check
+from reconciler.logs import ObjectLogger
+from reconciler.objects import labels, meta, pod_active, pod_ready
+from reconciler.prewarm import Prewarm
+from reconciler.probes import Reading
+from reconciler.render import LABEL_SERVER
+from reconciler.servers import ServerReconciler
+from reconciler.settling import WAITING_FOR_MEMBERS
+from reconciler.spec import DEFAULT_GPU_RESOURCE, ModelPoolSpec, ModelServerSpec, SpecError
+from reconciler.stores import POOL, SERVER, Key, Result
+
+log = logging.getLogger(__name__)
+
+MEMBER_NOT_FOUND = "MemberNotFound"
+# Executed first, before the status write: the metrics (whoever sees the new status must
+# find them already counted), then what the swap waits on.
+RECORDED = (s.RecordSwap, s.RecordFailure, s.RecordDeferral, s.RecordIdleUnload)
+FIRST = (s.ProbeIdle, s.ProbeActivity, s.Scale)
+
+
+class PoolReconciler:
+    def __init__(self, ctx: Context, servers: ServerReconciler, prewarm: Prewarm) -> None:
+        self.ctx = ctx
+        self.servers = servers
+        self.prewarm = prewarm
+        # Each pool's swap state, by (namespace, name): restored from status when first seen.
+        self.states: dict[tuple[str, str], s.PoolState] = {}
+        # The answers of idle probes run beside the reconciles, fed to the pool's next step.
+        self.idle_results: dict[tuple[str, str], list[s.IdleResult | s.ActivityResult]] = (
+            defaultdict(list))
+
+    def wanted(self, namespace: str, pool: str) -> dict[str, int] | None:
+        """The replicas `pool` wants of each member; None while that cannot be known."""
+        state = self.states.get((namespace, pool))
+        return s.desired_replicas(state) if state is not None else None
+
+    async def reconcile(self, key: Key) -> Result:
+        ctx = self.ctx
+        namespace, name = key.namespace, key.name
+        body = ctx.stores.pools.get(namespace, name)
+        state_key = (namespace, name)
+        if body is None:
+            ctx.settling.forget(Key(POOL, namespace, name))
+            self.prewarm.forget(namespace, name)
+            gone = self.states.pop(state_key, None)
+            if gone is not None:
+                ctx.metrics.forget_pool(namespace, name, gone.config.members)
+            return Result()
+        status = body.get("status") or {}
+        generation = int(meta(body).get("generation") or 0)
+        prewarm = False
+        result = Result()
+        try:
+            spec = ModelPoolSpec.from_body(body)
+            prewarm = spec.prewarm
+        except SpecError as e:
+            config = s.PoolConfig(members=())
+            problem: s.Problem | None = s.Problem("InvalidSpec", str(e))
+        else:
+            config = s.PoolConfig(
+                members=spec.member_names,
+                default=spec.default,
+                policy=spec.swap_policy,
+                swap_budget=spec.swap_budget_seconds,
+                min_residency=spec.min_residency_seconds,
+                probe_interval=ctx.settings.swap.probe_interval_seconds,
+                reclaim_after=spec.reclaim_after_seconds,
+                priorities={m.name: m.priority for m in spec.members},
+                idle_unload_after=spec.idle_unload_after_seconds,
+            )
+            problem = self._problem(spec)
+            if problem is not None and problem.reason == MEMBER_NOT_FOUND:
+                remaining = ctx.settling.remaining(POOL, body)
+                if remaining is not None:
+                    problem = _waiting(problem)
+                    result = Result(remaining)
+        now = ctx.clock()
+        previous = self.states.get(state_key)
+        state = previous
+        if state is None:
+            state = pool_status.restore(config, generation, status)
+        events: list[s.Event] = [
+            s.SpecObserved(config, generation, problem),
+            s.RequestObserved(pool_status.request_of(status)),
+            s.MembersObserved(self._member_pods(namespace, config.members)),
+            *self.idle_results.pop(state_key, []),
+            s.Tick(),
+        ]
+        actions: list[s.Action] = []
+        for event in events:
+            state, more = s.step(state, event, now)
+            actions += more
+        self.states[state_key] = state
+        logger = ctx.writer.logger(body, log)
+        ctx.metrics.pool_seen(namespace, name, config.members)
+        # Metrics first: whoever sees the new status must find them already counted.
+        for action in actions:
+            if isinstance(action, RECORDED):
+                await self._execute(namespace, name, action, logger)
+        ctx.metrics.set_resident(namespace, name, config.members, state.resident)
+        # Then what the swap waits on, at once: an idle probe, a scale. The swap's order
+        # lives in the state machine (a target is scaled up only in the step that saw
+        # the incumbent's pods gone), so the status write need not come first; should
+        # the reconciler die between the two, the status it restores from is one step
+        # behind and the swap resumes from there (at worst draining the incumbent again).
+        # A member scaled twice in one reconcile (up, then back down by a swap abandoned
+        # in a later step) is scaled once, to where the last step left it; while the
+        # spec has a problem nothing is scaled: the member keeps whatever runs.
+        scaling = s.desired_replicas(state) is not None
+        last_scale = {a.member: a for a in actions if isinstance(a, s.Scale)}
+        for action in actions:
+            if isinstance(action, s.Scale):
+                if last_scale[action.member] is action:
+                    await self._scale(namespace, action, logger, scaling)
+            elif isinstance(action, FIRST):
+                await self._execute(namespace, name, action, logger)
+        # Level-based, so a pod the ReplicaSet creates later (a staged target, a
+        # resident's pod replaced) is released by the pool's next reconcile, which its
+        # creation triggers.
+        await ctx.writer.release(namespace, s.released(state), logger)
+        self._wake_members(namespace, previous, state, actions)
+        # Then status, then cleared requests (after lastSwap, which is how routers learn
+        # of an abandoned swap) and Events.
+        owned = pool_status.pool_status(state, status, now)
+        await ctx.writer.write_status(ctx.stores.pools, body, owned)
+        for action in actions:
+            if not isinstance(action, (*RECORDED, *FIRST)):
+                await self._execute(namespace, name, action, logger)
+        await self.prewarm.sync(namespace, name, body, state if prewarm else None, logger)
+        wake = s.next_wakeup(state)
+        if wake is not None:
+            result = result.sooner(max(0.0, wake - ctx.clock()))
+        return result
+
+    async def _execute(self, namespace: str, pool: str, action: s.Action,
+                       logger: ObjectLogger) -> None:
+        """Perform one action of the swap's but a Scale (`_scale`)."""
+        m = self.ctx.metrics
+        if isinstance(action, s.ProbeIdle):
+            self._start_probe(namespace, pool, action.member)
+        elif isinstance(action, s.ProbeActivity):
+            self._start_probe(namespace, pool, action.member, activity=True)
+        elif isinstance(action, s.ClearRequest):
+            if not await self.ctx.writer.clear_request(namespace, pool, action.generation,
+                                                       logger):
+                self.ctx.add(POOL, namespace, pool)
+        elif isinstance(action, s.EmitEvent):
+            # posted beside the reconcile: the swap's next step does not wait for it
+            self.ctx.background.run(
+                functools.partial(logger.event, action.type, action.reason, action.message),
+                f"event-{action.reason}")
+        elif isinstance(action, s.RecordSwap):
+            m.swap_done(namespace, pool, action.from_, action.to, action.duration, action.phases)
+        elif isinstance(action, s.RecordFailure):
+            m.swap_failures_total.labels(namespace, pool, action.member, action.reason).inc()
+        elif isinstance(action, s.RecordDeferral):
+            m.swap_deferrals_total.labels(namespace, pool, action.reason).inc()
+        elif isinstance(action, s.RecordIdleUnload):
+            m.idle_unloads_total.labels(namespace, pool, action.member).inc()
+
+    async def _scale(self, namespace: str, action: s.Scale, logger: ObjectLogger,
+                     scaling: bool) -> None:
+        """Run the member at the replicas `action` carries (`scaling`: the pool's spec has
+        no problem; with one, the member is reconciled at whatever runs)."""
+        logger.info("scaling %s to %d", action.member, action.replicas)
+        key = Key(SERVER, namespace, action.member)
+        try:
+            if scaling:
+                result = await self.servers.scale(key, action.replicas)
+            else:
+                result = await self.servers.reconcile(key)
+        except Exception:
+            # The swap has moved on and will not ask again: the member's own key
+            # retries the scale (it reads the replicas the pool now wants).
+            self.ctx.queue.retry(key)
+            raise
+        if result.requeue_after is not None:
+            self.ctx.queue.add_after(key, result.requeue_after)
+
+    def _start_probe(self, namespace: str, pool: str, member: str,
+                     activity: bool = False) -> None:
+        """An idle probe of a swap's incumbent or, with `activity`, of a resident under
+        idleUnloadAfter: run beside the reconcile, its answer fed to the next step."""
+        ctx = self.ctx
+
+        def result(reading: Reading) -> s.IdleResult | s.ActivityResult:
+            if activity:
+                return s.ActivityResult(member, reading.verdict, reading.mark, reading.detail)
+            return s.IdleResult(member, reading.verdict, reading.detail)
+
+        body = ctx.stores.servers.get(namespace, member)
+        try:
+            spec = ModelServerSpec.from_body(body or {})
+        except SpecError as e:
+            self.idle_results[(namespace, pool)].append(
+                result(Reading(s.Verdict.FAILED, str(e))))
+            ctx.add(POOL, namespace, pool)
+            return
+        check = idle_check(spec.runtime, spec.idle)
+        addresses = [
+            (str(p["status"]["podIP"]), spec.port)
+            for p in ctx.lookups.active_pods_of(namespace, member)
+            if (p.get("status") or {}).get("podIP")
+        ]
+
+        async def run() -> None:
+            try:
+                if activity:
+                    reading = await ctx.probe.activity(check, addresses)
+                else:
+                    reading = Reading(*await ctx.probe.probe(check, addresses))
+            except Exception as e:  # fail closed, whatever went wrong
+                log.warning("idle probe of %s/%s raised: %s", namespace, member, e)
+                reading = Reading(s.Verdict.FAILED, type(e).__name__)
+            self.idle_results[(namespace, pool)].append(result(reading))
+            ctx.add(POOL, namespace, pool)
+
+        ctx.background.start(run(), f"probe-{member}")
+
+    def _wake_members(self, namespace: str, previous: s.PoolState | None,
+                      state: s.PoolState, actions: Sequence[s.Action]) -> None:
+        """Reconcile the members whose wanted replicas changed in this step without a
+        Scale action of their own (a pool first seen, a problem fixed): a status write
+        of the pool no longer wakes every member."""
+        after = s.desired_replicas(state)
+        if after is None:
+            return
+        before = s.desired_replicas(previous) if previous is not None else None
+        scaled = {a.member for a in actions if isinstance(a, s.Scale)}
+        for member, replicas in after.items():
+            if member not in scaled and (before is None or before.get(member) != replicas):
+                self.ctx.add(SERVER, namespace, member)
+
+    # Observing
+
+    def _problem(self, spec: ModelPoolSpec) -> s.Problem | None:
+        servers = self.ctx.stores.servers
+        missing = [m for m in spec.member_names if servers.get(spec.namespace, m) is None]
+        if missing:
+            return s.Problem(MEMBER_NOT_FOUND, "ModelServer not found: " + ", ".join(missing))
+        shared = []
+        for m in spec.member_names:
+            others = [p for p in self.ctx.lookups.pools_of(spec.namespace, m) if p != spec.name]
+            if others:
+                shared.append(f"{m} (also in {', '.join(sorted(others))})")
+        if shared:
+            return s.Problem("MemberInTwoPools", "members of another pool: " + ", ".join(shared))
+        invalid = []
+        for m in spec.member_names:
+            try:
+                ModelServerSpec.from_body(servers.get(spec.namespace, m) or {})
+            except SpecError as e:
+                invalid.append(f"{m}: {e}")
+        if invalid:
+            return s.Problem("InvalidMember", "; ".join(invalid))
+        return None
+
+    def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
+        pods: dict[str, int] = {}
+        scheduled: dict[str, int] = {}
+        ready: dict[str, int] = {}
+        unschedulable: dict[str, str] = {}
+        terminating: dict[str, int] = {}
+        failing: dict[str, tuple[str, str]] = {}
+        for pod in self.ctx.stores.pods.items(namespace):
+            member = labels(pod).get(LABEL_SERVER) or ""
+            if member not in members or not pod_active(pod):
+                continue
+            pods[member] = pods.get(member, 0) + 1
+            if meta(pod).get("deletionTimestamp"):
+                terminating[member] = terminating.get(member, 0) + 1
+            if (pod.get("spec") or {}).get("nodeName"):
+                scheduled[member] = scheduled.get(member, 0) + 1
+            if pod_ready(pod):
+                ready[member] = ready.get(member, 0) + 1
+            refused = scheduling.refusal(pod)
+            if refused is not None and member not in unschedulable:
+                unschedulable[member] = self._unschedulable(namespace, member, refused)
+            stuck = scheduling.container_failure(pod)
+            if stuck is not None and member not in failing:
+                failing[member] = (stuck[0], f"{member} is not starting: {stuck[1]}")
+        not_created: dict[str, str] = {}
+        deployments = self.ctx.stores.deployments
+        for member in members:
+            failure = scheduling.creation_failure(deployments.get(namespace, member) or {})
+            if failure is not None and not pods.get(member):
+                not_created[member] = f"{member} cannot be created: {failure}"
+        return s.MemberPods(pods=pods, scheduled=scheduled, ready=ready,
+                            unschedulable=unschedulable, terminating=terminating,
+                            not_created=not_created,
+                            failing={m: f for m, f in failing.items() if not ready.get(m)})
+
+    def _unschedulable(self, namespace: str, member: str, message: str) -> str:
+        """The scheduler's refusal, naming the pods in view that hold the GPU it lacks."""
+        try:
+            resource = ModelServerSpec.from_body(
+                self.ctx.stores.servers.get(namespace, member) or {}).resources.gpu_resource
+        except SpecError:
+            resource = DEFAULT_GPU_RESOURCE
+        return scheduling.explain(member, message, resource,
+                                  scheduling.holders(self.ctx.stores.pods.items(), resource))
+
+
+def _waiting(problem: s.Problem) -> s.Problem:
+    """Missing members of a pool just applied or changed: waited for (`settling`)."""
+    message = problem.message.replace("ModelServer not found", "waiting for ModelServer")
+    return s.Problem(WAITING_FOR_MEMBERS, message, pending=True)
+
+
+__all__ = ["PoolReconciler"]

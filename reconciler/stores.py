@@ -1,0 +1,77 @@
+"""What the reconcilers share about the objects they watch: the three kinds of keys, the
+result of one reconcile, and the caches the watches keep current (one per resource)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from reconciler import kube as k
+from reconciler.render import MANAGED_BY
+
+SERVER = "ModelServer"
+POOL = "ModelPool"
+ROUTER = "ModelRouter"
+MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks of the queue: to look at its key again after
+    `requeue_after` seconds (None: only when something it watches changes)."""
+
+    requeue_after: float | None = None
+
+    def sooner(self, after: float | None) -> Result:
+        """This result, or one asking to come back after `after` if that is earlier."""
+        if after is None or (self.requeue_after is not None and self.requeue_after <= after):
+            return self
+        return Result(after)
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The watch caches, by resource."""
+
+    servers: k.Informer
+    pools: k.Informer
+    routers: k.Informer
+    deployments: k.Informer
+    services: k.Informer
+    config_maps: k.Informer
+    service_accounts: k.Informer
+    roles: k.Informer
+    role_bindings: k.Informer
+    network_policies: k.Informer
+    pods: k.Informer
+
+    def all(self) -> list[k.Informer]:
+        return [
+            self.servers, self.pools, self.routers, self.deployments, self.services,
+            self.config_maps, self.service_accounts, self.roles, self.role_bindings,
+            self.network_policies, self.pods,
+        ]
+
+    def of_kind(self, api_version: str, kind: str) -> k.Informer | None:
+        """The cache of the objects the reconciler renders of this kind, if it keeps one
+        (then what it applies is compared with the cache, and written back into it)."""
+        return self._rendered.get((api_version, kind))
+
+    @functools.cached_property
+    def _rendered(self) -> dict[tuple[str, str], k.Informer]:
+        return {
+            ("apps/v1", "Deployment"): self.deployments,
+            ("v1", "Service"): self.services,
+            ("v1", "ConfigMap"): self.config_maps,
+            ("v1", "ServiceAccount"): self.service_accounts,
+            (k.ROLES.api_version, "Role"): self.roles,
+            (k.ROLE_BINDINGS.api_version, "RoleBinding"): self.role_bindings,
+            (k.NETWORK_POLICIES.api_version, "NetworkPolicy"): self.network_policies,
+        }

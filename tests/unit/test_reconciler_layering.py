@@ -1,0 +1,85 @@
+"""The reconciler's layering, checked on the source: the controller (watches, queue,
+dispatch) sits on the three reconcilers of one kind each, which sit on what they share
+(the context, the writes, the lookups, the caches); nothing below imports what is above
+it, the modules import each other in no cycle, and the pure ones import nothing that
+waits or talks."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+RECONCILER = Path(__file__).resolve().parents[2] / "reconciler"
+PURE = ("swap", "pool_status", "server_status", "router_status", "merge_patch", "objects",
+        "conditions", "scheduling", "spec", "timefmt", "render", "router_config", "idle")
+IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
+# Each layer imports only from the layers after it.
+LAYERS = (
+    {"__main__"},
+    {"controller"},
+    {"pools"},
+    {"servers", "routers", "prewarm"},
+    {"context"},
+    {"writes", "lookups"},
+    {"settling"},
+    {"stores"},
+)
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """(the top-level packages `module` imports, the reconciler modules it imports)."""
+    path = RECONCILER / f"{module}.py"
+    packages: set[str] = set()
+    siblings: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                packages.add(alias.name.split(".")[0])
+                if alias.name.startswith("reconciler."):
+                    siblings.add(alias.name.split(".")[1])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            packages.add(node.module.split(".")[0])
+            if node.module == "reconciler":
+                siblings.update(alias.name for alias in node.names)
+            elif node.module.startswith("reconciler."):
+                siblings.add(node.module.split(".")[1])
+    return packages, siblings
+
+
+def _modules() -> list[str]:
+    return sorted(p.stem for p in RECONCILER.glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_modules_import_no_io(module: str) -> None:
+    packages, siblings = _imports(module)
+    assert packages & IO == set()
+    assert siblings - set(PURE) == set()
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS)))
+def test_a_layer_imports_only_the_layers_below(layer: int) -> None:
+    above = set().union(*LAYERS[:layer + 1])
+    for module in LAYERS[layer]:
+        _, siblings = _imports(module)
+        assert siblings & above == set(), module
+
+
+def test_the_reconciler_modules_import_each_other_in_no_cycle() -> None:
+    graph = {m: _imports(m)[1] & set(_modules()) for m in _modules()}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, " -> ".join((*path, module))
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
