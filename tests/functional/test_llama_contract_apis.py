@@ -62,7 +62,7 @@ async def test_a_streamed_response_sends_llama_servers_event_sequence(server: Se
 async def test_a_response_without_input_is_a_400(server: Server) -> None:
     async with openai_client(server) as c:
         with pytest.raises(openai.BadRequestError) as caught:
-            await c.responses.create(model=NAME, max_output_tokens=2)  # type: ignore[call-overload]
+            await c.responses.create(model=NAME, max_output_tokens=2)
     assert "'input' is required" in str(caught.value)
 
 
