@@ -26,7 +26,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar import activation, errors, kube
+from sidecar import activation, dialects, kube
 from sidecar.app import Activation, Live, make_app
 from sidecar.auth import ApiKeys, load_keys, parse_keys
 from sidecar.config import ConfigError, RouterConfig, load_config, parse_config
@@ -120,7 +120,7 @@ async def serve(settings: Settings, make_activation: ActivationFactory = real_ac
     listen = settings.listen
     api = make_app(live, activation, metrics, connect_timeout=settings.connect_timeout_seconds)
     # A client that leaves cancels its handler: a held request gives up its place.
-    api_server = Server(api, max_body=api.max_body, errors=errors.SERVER_ERRORS)
+    api_server = Server(api, max_body=api.max_body, errors=dialects.SERVER_ERRORS)
     # On its own port so probes and scrapes never queue behind model traffic; ready while
     # the router can route (the activator is ready and it is not shutting down).
     health = web.AppRunner(

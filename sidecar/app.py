@@ -1,4 +1,10 @@
-"""The OpenAI-compatible API: routes a request by its `model`, activates, forwards.
+"""The router's API: routes a request by its `model`, activates, forwards.
+
+Every path a member runtime serves that names a model (`sidecar.apis`: the OpenAI paths,
+Responses, Anthropic Messages, rerank, audio, tokenize...) is routed by the `model` of its
+JSON body, or of its form for audio uploads; the router's own answers on it speak the
+caller's dialect (`sidecar.dialects`). `/upstream/{backend}/...` reaches any other path of
+one backend, activated as usual.
 
 This module is the router's shell around the pure parts (routing, auth, errors): it takes
 the body the server read (`sidecar.http.server`), asks the activator for a target, and
@@ -20,11 +26,12 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
-from sidecar import dead_endpoint, errors, fallback
+from sidecar import apis, dead_endpoint, dialects, errors, fallback, multipart
+from sidecar.apis import Api as ApiOfPath
 from sidecar.auth import NO_KEYS, ApiKeys
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.errors import ProxyError
-from sidecar.held_stream import HeldStream, upstream_error_event
+from sidecar.held_stream import HeldStream
 from sidecar.http.client import Client
 from sidecar.http.headers import request_headers
 from sidecar.http.messages import Reply, Request
@@ -35,14 +42,14 @@ from sidecar.routing import Routes, build_routes
 
 logger = logging.getLogger(__name__)
 
-COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 # requests_total's `model` label is the backend name, so a client cannot grow it at will;
 # requests that never reached a backend use these.
 UNROUTED = ""
 UNKNOWN_MODEL = "unknown"
 # nginx's convention for a request the client abandoned.
 CLIENT_CLOSED = 499
-_ROUTER_KEY = frozenset({b"authorization"})
+# The router's own key, in either header a client sends it in: not the upstream's business.
+_ROUTER_KEY = frozenset({b"authorization", b"x-api-key"})
 _NO_HEADERS: frozenset[bytes] = frozenset()
 
 
@@ -113,7 +120,8 @@ class Proxy:
         self.client = Client(connect_timeout)
         self._slots = EndpointSlots(MAX_IN_FLIGHT_PER_ENDPOINT)
 
-    async def completions(self, request: Request, reply: Reply) -> None:
+    async def routed(self, request: Request, reply: Reply, api: ApiOfPath) -> None:
+        """A request on a path routed by its `model` (`api` says which API it speaks)."""
         started = self._clock()
         label = UNROUTED
         held: HeldStream | None = None
@@ -121,43 +129,80 @@ class Proxy:
             self._authorize(request)
             live = self._live
             body = request.body
-            model, streamed = _model_of(body)
-            backend = live.routes.resolve(model)
+            model, streamed = _form_model(request) if api.form else _model_of(body)
+            backend = live.routes.resolve(model) if model is not None else live.routes.default
             if backend is None:
+                if model is None:
+                    raise errors.bad_request(_NO_MODEL_FORM if api.form else _NO_MODEL,
+                                             param="model")
                 label = UNKNOWN_MODEL
                 raise errors.model_not_found(model)
             if backend.fallback is not None:
                 backend, rewrite = fallback.choose(backend, live.config,
                                                    self._activation.serves_now,
                                                    self._activation.swap_can_start)
-                if rewrite is not None:
+                if rewrite is not None and not api.form:
                     body = fallback.with_model(body, rewrite)
             label = backend.name
             if streamed:
                 held = HeldStream(request, reply, backend.name,
                                   live.config.held_stream_keepalive_seconds,
                                   functools.partial(self._activation.hold_progress, backend),
-                                  as_content=live.config.held_stream_progress == "content")
-            relay = await self._dispatch(request, reply, backend, body, started, held)
+                                  as_content=(live.config.held_stream_progress == "content"
+                                              and api.delta is not None))
+            relay = await self._dispatch(request, reply, backend, body, started, held, api)
         except asyncio.CancelledError:
             # The client went away (the server cancels its handler): a held request
             # leaves its place in the queue by this cancellation.
             code = reply.status if _delivered(reply) else CLIENT_CLOSED
-            self._metrics.request_done(label, code, self._clock() - started)
+            self._metrics.request_done(label, code, self._clock() - started, api.label)
             raise
         except ProxyError as err:
-            self._metrics.request_done(label, err.status, self._clock() - started)
+            self._metrics.request_done(label, err.status, self._clock() - started, api.label)
             self._metrics.error(label, err.status, err.code)
             if held is not None and held.started:  # its 200 went out: the error is an event
-                await held.error(errors.error_body(err))
+                await held.end_with(dialects.stream_error(err, api))
             else:
-                await reply.send(*errors.answer(err))
+                await reply.send(*dialects.answer(err, api))
             return
+        self._done(relay, reply, label, started, api)
+
+    async def door(self, request: Request, reply: Reply, door: apis.UpstreamDoor) -> None:
+        """`/upstream/{backend}/{path}`: any path and method of one backend, activated as a
+        routed request is, behind the same key."""
+        started = self._clock()
+        label = UNROUTED
+        api = apis.UPSTREAM
+        try:
+            self._authorize(request)
+            backend = self._live.routes.by_name.get(door.backend) if door.backend else None
+            if backend is None:
+                label = UNKNOWN_MODEL
+                raise errors.ProxyError(
+                    404, f"No backend '{door.backend}' on this router: /upstream/ takes a"
+                    " backend's name, then the path of that backend to reach.",
+                    type="invalid_request_error", code="backend_not_found")
+            label = backend.name
+            inner = Request(request.method, door.target, request.raw_headers, request.body,
+                            request.keep_alive)
+            relay = await self._dispatch(inner, reply, backend, request.body, started, None, api)
+        except asyncio.CancelledError:
+            self._metrics.request_done(label, CLIENT_CLOSED, self._clock() - started, api.label)
+            raise
+        except ProxyError as err:
+            self._metrics.request_done(label, err.status, self._clock() - started, api.label)
+            self._metrics.error(label, err.status, err.code)
+            await reply.send(*errors.answer(err))
+            return
+        self._done(relay, reply, label, started, api)
+
+    def _done(self, relay: Relay, reply: Reply, label: str, started: float,
+              api: ApiOfPath) -> None:
         if relay.upstream_failure is not None:
             self._metrics.upstream_error(label, relay.upstream_failure)
         gone = relay.client_gone and not _delivered(reply)
         code = CLIENT_CLOSED if gone else relay.answered or relay.status
-        self._metrics.request_done(label, code, self._clock() - started)
+        self._metrics.request_done(label, code, self._clock() - started, api.label)
 
     async def _dispatch(
         self,
@@ -166,12 +211,12 @@ class Proxy:
         backend: BackendConfig,
         body: bytes,
         started: float,
-        held: HeldStream | None = None,
+        held: HeldStream | None,
+        api: ApiOfPath,
     ) -> Relay:
         live = self._live
         headers = request_headers(
             request.raw_headers,
-            # The router's own key is not the upstream's business.
             drop=_ROUTER_KEY if live.keys.enabled else _NO_HEADERS,
         )
 
@@ -209,7 +254,7 @@ class Proxy:
                         # hold never eats into it.
                         read_timeout=read_timeout,
                         on_first_chunk=first_chunk,
-                        error_event=upstream_error_event,
+                        error_event=dialects.upstream_error_event(api),
                         answered_by=backend.name,
                     )
                 finally:
@@ -268,7 +313,8 @@ class Proxy:
 
     def _authorize(self, request: Request) -> None:
         keys = self._live.keys
-        if keys.enabled and not keys.allows(request.header(b"authorization")):
+        if keys.enabled and not keys.allows(request.header(b"authorization"),
+                                            request.header(b"x-api-key")):
             raise errors.unauthorized()
 
 
@@ -317,8 +363,12 @@ def _delivered(reply: Reply) -> bool:
     return reply.status == 200 and reply.tail.rstrip().endswith(_STREAM_END)
 
 
-def _model_of(body: bytes) -> tuple[str, bool]:
-    """The request's `model`, and whether it asks for a stream."""
+_NO_MODEL = "Request body needs a string 'model' field (this router has no defaultRoute)."
+_NO_MODEL_FORM = "The form needs a 'model' field (this router has no defaultRoute)."
+
+
+def _model_of(body: bytes) -> tuple[str | None, bool]:
+    """The JSON body's `model` (None where it has none), and whether it asks for a stream."""
     try:
         payload = parse_json(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -328,9 +378,21 @@ def _model_of(body: bytes) -> tuple[str, bool]:
     if not isinstance(payload, dict):
         raise errors.bad_request("Request body must be a JSON object.")
     model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise errors.bad_request("Request body needs a string 'model' field.", param="model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise errors.bad_request("The 'model' field must be a non-empty string.", param="model")
     return model, payload.get("stream") is True
+
+
+def _form_model(request: Request) -> tuple[str | None, bool]:
+    """The `model` field of a multipart form (None where it has none); a form is never
+    held as a stream (its answer's `stream` is a form field the router does not read)."""
+    try:
+        model = multipart.form_field(request.body, request.header(b"content-type"), "model")
+    except multipart.FormError as e:
+        raise errors.bad_request(f"Request body is not a multipart form: {e}.") from e
+    if model is not None and not model:
+        raise errors.bad_request("The form's 'model' field is empty.", param="model")
+    return model, False
 
 
 def _failure(e: Exception, backend: str) -> ProxyError:
@@ -361,9 +423,10 @@ class Api:
 
     async def __call__(self, request: Request, reply: Reply) -> None:
         path, method = request.path, request.method
-        if path in COMPLETION_PATHS:
+        api = apis.api_of(path)
+        if api is not None:
             if method == "POST":
-                await self.proxy.completions(request, reply)
+                await self.proxy.routed(request, reply, api)
                 return
             allowed = "POST"
         elif path == _MODELS or path.startswith(_MODELS + "/"):
@@ -376,9 +439,14 @@ class Api:
                 return
             allowed = "GET"
         else:
+            door = apis.upstream_door(path, request.target)
+            if door is not None:
+                await self.proxy.door(request, reply, door)
+                return
             await reply.send(*errors.answer(errors.not_found(path)))
             return
-        status, headers, body = errors.answer(errors.method_not_allowed(method, path))
+        status, headers, body = dialects.answer(errors.method_not_allowed(method, path),
+                                                api or apis.CHAT)
         await reply.send(status, [*headers, ("Allow", allowed)], body)
 
     def close(self) -> None:

@@ -1,8 +1,10 @@
 """Optional API keys for the router, read from a mounted Secret.
 
 The Secret file holds one key per line (blank lines and `#` comments ignored). With no
-file, or an empty one, the router is open. Keys are compared in constant time, and every
-key is compared so that the time does not tell which one nearly matched.
+file, or an empty one, the router is open. A client sends its key the way its SDK does:
+`Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>` (Anthropic clients).
+Keys are compared in constant time, and every key is compared so that the time does not
+tell which one nearly matched.
 """
 
 from __future__ import annotations
@@ -22,16 +24,20 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self.keys)
 
-    def allows(self, authorization: str | None) -> bool:
-        """True if auth is off, or the `Authorization` header carries a known bearer key."""
+    def allows(self, authorization: str | None, api_key: str | None = None) -> bool:
+        """True if auth is off, or a known key comes as the `Authorization` header's bearer
+        token or as the `x-api-key` header (`api_key`)."""
         if not self.keys:
             return True
-        if authorization is None or authorization[: len(_BEARER)].lower() != _BEARER:
-            return False
-        offered = authorization[len(_BEARER) :].strip().encode()
+        offered: list[bytes] = []
+        if authorization is not None and authorization[: len(_BEARER)].lower() == _BEARER:
+            offered.append(authorization[len(_BEARER) :].strip().encode())
+        if api_key is not None:
+            offered.append(api_key.strip().encode())
         matched = False
-        for key in self.keys:
-            matched |= hmac.compare_digest(offered, key)
+        for candidate in offered:
+            for key in self.keys:
+                matched |= hmac.compare_digest(candidate, key)
         return matched
 
 

@@ -52,7 +52,7 @@ def bad_request(message: str, param: str | None = None) -> ProxyError:
 def unauthorized() -> ProxyError:
     return ProxyError(
         401,
-        "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+        "Missing or invalid API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
         type="invalid_request_error",
         code="invalid_api_key",
     )
@@ -188,28 +188,6 @@ def answer(err: ProxyError) -> Answer:
     if err.retry_after is not None:
         headers.append(("Retry-After", str(max(0, math.ceil(err.retry_after)))))
     return err.status, headers, json.dumps(error_body(err)).encode()
-
-
-class _ServerErrors:
-    """What the API server answers on its own (`sidecar.http.server.ErrorAnswers`)."""
-
-    def malformed(self, detail: str) -> Answer:
-        return answer(bad_request(f"Malformed HTTP request: {detail}"))
-
-    def too_large(self, limit: int) -> Answer:
-        return answer(body_too_large(limit))
-
-    def head_too_large(self, limit: int) -> Answer:
-        return answer(head_too_large(limit))
-
-    def request_timeout(self, seconds: float) -> Answer:
-        return answer(request_timeout(seconds))
-
-    def internal(self) -> Answer:
-        return answer(internal())
-
-
-SERVER_ERRORS = _ServerErrors()
 
 
 def _truncate(text: str) -> str:

@@ -8,13 +8,16 @@ comment every `interval` seconds:
 
     : loading gemma, 12 s, swap phase Loading
 
-SSE parsers, the `openai` SDK's among them, skip comment lines. With the router config's
-`heldStreamProgress: content` (the ModelRouter's `spec.proxy.heldStreamProgress: Content`,
-for chat UIs) the same words are a visible delta instead. When the member is ready,
-the upstream's events follow in the same response. A failure after the headers went out
-(the swap abandoned, the upstream's own error answer) arrives as one OpenAI-shaped error
-event, `data: {"error": {...}}`, which the SDK raises as an `APIError`, and the stream
-ends. Requests that are not streamed are held as before, with no early answer.
+SSE parsers, the `openai` and `anthropic` SDKs' among them, skip comment lines. With the
+router config's `heldStreamProgress: content` (the ModelRouter's
+`spec.proxy.heldStreamProgress: Content`, for chat UIs) the same words are a visible delta
+instead, on the chat and text completion streams. When the member is ready, the upstream's
+events follow in the same response. A failure after the headers went out (the swap
+abandoned, the upstream's own error answer) arrives as one error event in the dialect of
+the API the request speaks (`sidecar.dialects`): `data: {"error": {...}}` for chat and
+completions, which the `openai` SDK raises as an `APIError`, the Responses `error` event,
+the Messages `event: error`; and the stream ends. Requests that are not streamed are held
+as before, with no early answer.
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ class HeldStream:
                      "choices": [{"index": 0, "text": text, "finish_reason": None}]}
         return sse_event(chunk)
 
-    async def error(self, body: Mapping[str, object]) -> None:
-        """End the started stream with `body` (OpenAI error JSON) as its last event."""
+    async def end_with(self, event: bytes) -> None:
+        """End the started stream with `event` (an error, in the dialect of the API the
+        request speaks: `sidecar.dialects.stream_error`) as its last event."""
         with contextlib.suppress(ConnectionError):  # a client gone has nothing left to hear
-            await self._reply.end(sse_event(body))
+            await self._reply.end(event)

@@ -87,8 +87,9 @@ class RouterMetrics:
     def coalesced(self, pool: str, member: str) -> None:
         self.coalesced_total.labels(self.router, pool, member).inc()
 
-    def request_done(self, model: str, code: int, seconds: float) -> None:
-        self._per_request.request_done(model, code, seconds)
+    def request_done(self, model: str, code: int, seconds: float, api: str = "other") -> None:
+        """One request answered: `api` is its `sidecar.apis` label (a closed set)."""
+        self._per_request.request_done(model, code, seconds, api)
 
     def first_byte(self, model: str, seconds: float) -> None:
         self._per_request.first_byte(model, seconds)
@@ -139,12 +140,12 @@ class _RequestSeries(Collector):
 
     def __init__(self, router: str) -> None:
         self._router = router
-        self._requests: dict[tuple[str, int], int] = {}
+        self._requests: dict[tuple[str, int, str], int] = {}
         self._durations: dict[str, _Buckets] = {}
         self._ttfb: dict[str, _Buckets] = {}
 
-    def request_done(self, model: str, code: int, seconds: float) -> None:
-        key = (model, code)
+    def request_done(self, model: str, code: int, seconds: float, api: str) -> None:
+        key = (model, code, api)
         self._requests[key] = self._requests.get(key, 0) + 1
         _observe(self._durations, _REQUEST_BUCKETS, model, seconds)
 
@@ -154,11 +155,13 @@ class _RequestSeries(Collector):
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
             PREFIX + "requests_total",
-            "Requests answered by the router, by requested model and HTTP status code.",
-            labels=["router", "model", "code"],
+            "Requests answered by the router, by requested model, HTTP status code and API "
+            "(chat, completions, embeddings, responses, messages, rerank, audio, tokenize, "
+            "upstream, other).",
+            labels=["router", "model", "code", "api"],
         )
-        for (model, code), count in self._requests.items():
-            requests.add_metric([self._router, model, str(code)], count)
+        for (model, code, api), count in self._requests.items():
+            requests.add_metric([self._router, model, str(code), api], count)
         yield requests
         yield self._histogram(
             "request_duration_seconds",

@@ -1,6 +1,7 @@
 """The fake server's HTTP surface: an aiohttp application with the OpenAI endpoints, the
-health check, llama.cpp's ``/slots`` and a Prometheus ``/metrics`` whose names follow the
-runtime being imitated.
+Responses and Anthropic Messages APIs, tokenize, rerank and audio transcription, the health
+check, llama.cpp's ``/slots`` and ``/props``, and a Prometheus ``/metrics`` whose names
+follow the runtime being imitated.
 
 State that the endpoints share (loaded or not, which slots are busy, how many requests
 wait) lives in one ``ServerState`` held by the application.
@@ -26,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from e2e.fake_model import replies
+from e2e.fake_model import dialects, replies
 from e2e.fake_model.replies import JsonObject
 from e2e.fake_model.settings import Mode, Settings
 
@@ -276,6 +277,180 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     return web.json_response(payload)
 
 
+def _named_sse(name: str, payload: JsonObject) -> bytes:
+    data = json.dumps(payload, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+async def _events(request: web.Request, tokens_per_second: float,
+                  plan: dialects.EventPlan) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        for name, event in plan.opening:
+            await response.write(_named_sse(name, event))
+        start = asyncio.get_running_loop().time()
+        for index, (name, event) in enumerate(plan.tokens):
+            await _pace(start, index, tokens_per_second)
+            await response.write(_named_sse(name, event))
+        for name, event in plan.closing:
+            await response.write(_named_sse(name, event))
+        await response.write_eof()
+    except ConnectionResetError:
+        logger.info("client went away during a stream")
+    return response
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """The OpenAI Responses API: `input` (a string or a list of items) in, text out."""
+    state = request.app[STATE]
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if not state.loaded:
+        return _loading()
+    if "input" not in body:
+        return _error(400, "'input' is required", "invalid_request_error")
+    value = body.get("max_output_tokens")
+    n_tokens = state.settings.max_tokens_default if value is None else value
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+        return _error(400, "max_output_tokens must be a non-negative integer",
+                      "invalid_request_error")
+    prompt_tokens = replies.count_tokens(body.get("input")) + replies.count_tokens(
+        body.get("instructions"))
+    response_id, item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+    created, model = int(time.time()), state.settings.model_id
+    async with state.slots.hold():
+        if body.get("stream") is True:
+            plan = dialects.response_events(response_id, item_id, created, model, n_tokens,
+                                            prompt_tokens)
+            return await _events(request, state.settings.tokens_per_second, plan)
+        await asyncio.sleep(n_tokens / state.settings.tokens_per_second)
+        return web.json_response(dialects.response(response_id, item_id, created, model,
+                                                   n_tokens, prompt_tokens))
+
+
+async def response_input_tokens(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if "input" not in body:
+        return _error(400, "'input' is required", "invalid_request_error")
+    return web.json_response({"input_tokens": replies.count_tokens(body.get("input")),
+                              "object": "response.input_tokens"})
+
+
+def _messages_prompt(body: JsonObject) -> int | web.Response:
+    """The prompt's token count of a Messages request, or llama-server's error for a body
+    with no `messages` (a 500, as it answers)."""
+    if "messages" not in body:
+        return _error(500, "'messages' is required", "server_error")
+    return replies.count_tokens(body.get("messages")) + replies.count_tokens(body.get("system"))
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """The Anthropic Messages API (`anthropic-version` and `anthropic-beta` are accepted and
+    not needed, as llama-server does)."""
+    state = request.app[STATE]
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if not state.loaded:
+        return _loading()
+    prompt_tokens = _messages_prompt(body)
+    if isinstance(prompt_tokens, web.Response):
+        return prompt_tokens
+    n_tokens = _max_tokens(body, state.settings.max_tokens_default)
+    if n_tokens is None:
+        return _error(400, "max_tokens must be a non-negative integer", "invalid_request_error")
+    message_id, model = f"chatcmpl-{uuid.uuid4().hex}", state.settings.model_id
+    async with state.slots.hold():
+        if body.get("stream") is True:
+            plan = dialects.message_events(message_id, model, n_tokens, prompt_tokens)
+            return await _events(request, state.settings.tokens_per_second, plan)
+        await asyncio.sleep(n_tokens / state.settings.tokens_per_second)
+        return web.json_response(dialects.message(message_id, model, n_tokens, prompt_tokens))
+
+
+async def count_message_tokens(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    prompt_tokens = _messages_prompt(body)
+    if isinstance(prompt_tokens, web.Response):
+        return prompt_tokens
+    return web.json_response({"input_tokens": prompt_tokens})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    content = body.get("content")
+    if not isinstance(content, str):
+        return _error(400, "'content' must be a string", "invalid_request_error")
+    return web.json_response({"tokens": dialects.tokens_of(content)})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return _error(400, "'tokens' must be a list of integers", "invalid_request_error")
+    return web.json_response({"content": dialects.text_of_tokens(ids)})
+
+
+async def rerank(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if not state.loaded:
+        return _loading()
+    query, documents, top_n = body.get("query"), body.get("documents"), body.get("top_n")
+    if not isinstance(query, str):
+        return _error(400, "'query' must be a string", "invalid_request_error")
+    if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+        return _error(400, "'documents' must be a list of strings", "invalid_request_error")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)):
+        return _error(400, "'top_n' must be an integer", "invalid_request_error")
+    async with state.slots.hold():
+        return web.json_response(dialects.rerank(state.settings.model_id, query, documents,
+                                                 top_n))
+
+
+async def transcriptions(request: web.Request) -> web.Response:
+    """An audio transcription: a multipart form with `file` (and `model`, unread, as a
+    single-model server does)."""
+    state = request.app[STATE]
+    if not state.loaded:
+        return _loading()
+    try:
+        form = await request.post()
+    except ValueError:
+        return _error(400, "the request body is not a multipart form", "invalid_request_error")
+    upload = form.get("file")
+    if not isinstance(upload, web.FileField):
+        return _error(400, "'file' is required", "invalid_request_error")
+    audio = upload.file.read()
+    async with state.slots.hold():
+        return web.json_response(dialects.transcription(state.settings.model_id, len(audio)))
+
+
+async def props(request: web.Request) -> web.Response:
+    """llama-server's `/props`, the fields a client reads."""
+    state = request.app[STATE]
+    return web.json_response({
+        "default_generation_settings": {"n_ctx": CONTEXT_SIZE},
+        "total_slots": state.slots.size,
+        "model_alias": state.settings.model_id,
+        "model_path": state.settings.model_id,
+    })
+
+
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     entry = {
@@ -367,8 +542,18 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/responses/input_tokens", response_input_tokens)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_message_tokens)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking"):
+        app.router.add_post(path, rerank)
+    app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_get("/metrics", metrics)
     app.router.add_put("/fake/faults", faults)
     if state.settings.mode is Mode.LLAMACPP:
         app.router.add_get("/slots", slots)
+        app.router.add_get("/props", props)
     return app

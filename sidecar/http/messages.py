@@ -25,7 +25,7 @@ class Request:
                  body: bytes, keep_alive: bool) -> None:
         self.method = method
         self.target = target  # as the client sent it: path and query, or an absolute URL
-        self.path = _path_of(target)
+        self.path = path_of(target)
         self.raw_headers = raw_headers  # as they came: (name, value) bytes
         self.body = body
         self.keep_alive = keep_alive
@@ -39,7 +39,8 @@ class Request:
         return None
 
 
-def _path_of(target: str) -> str:
+def path_of(target: str) -> str:
+    """The path of a request target (origin or absolute form), without its query."""
     if not target.startswith("/"):  # absolute form, from a client configured for a proxy
         scheme_end = target.find("://")
         slash = target.find("/", scheme_end + 3) if scheme_end >= 0 else -1

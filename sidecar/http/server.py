@@ -32,7 +32,8 @@ write the answer whole or streamed. Everything else is the router's business:
 
 Errors the server answers itself (a garbled request, a body too large, a handler that
 failed before answering) are written by the `ErrorAnswers` it is given, in the caller's
-vocabulary (the router's are OpenAI-shaped, `sidecar.errors.SERVER_ERRORS`).
+vocabulary (the router's, in the dialect of the path asked for, are
+`sidecar.dialects.SERVER_ERRORS`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class ErrorAnswers(Protocol):
 
     def malformed(self, detail: str) -> Answer: ...
 
-    def too_large(self, limit: int) -> Answer: ...
+    def too_large(self, limit: int, target: str) -> Answer:
+        """A body over `limit` bytes, sent to `target` (its path says the dialect)."""
+        ...
 
     def head_too_large(self, limit: int) -> Answer: ...
 
@@ -254,7 +257,7 @@ class _Connection(asyncio.Protocol):
                 "a request that asks to upgrade cannot have a chunked body"))
             return
         if length is not None and length > limit:
-            self._refuse(self._server.errors.too_large(limit))
+            self._refuse(self._server.errors.too_large(limit, self._target()))
             return
         if expect == b"100-continue" and self._task is None and not self._queue:
             assert self.transport is not None
@@ -265,7 +268,7 @@ class _Connection(asyncio.Protocol):
             return
         self._size += len(body)
         if self._size > self._limit:
-            self._refuse(self._server.errors.too_large(self._limit))
+            self._refuse(self._server.errors.too_large(self._limit, self._target()))
             return
         self._body.append(body)
 
@@ -287,6 +290,9 @@ class _Connection(asyncio.Protocol):
             return
         self._queue.append(request)
         self._next()
+
+    def _target(self) -> str:
+        return b"".join(self._url).decode("utf-8", "surrogateescape")
 
     # answering
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar import errors
+from sidecar import dialects
 from sidecar.app import Api
 from sidecar.config import BackendConfig, RouterConfig
 from sidecar.http import server as http_server
@@ -90,7 +90,7 @@ async def serve_app(app: web.Application | Api, host: str = "127.0.0.1") -> Asyn
     """Serve `app` on a free loopback port; yields its base URL. The router's API is
     served by its own server, as `python -m sidecar` serves it; a fake upstream by aiohttp."""
     if isinstance(app, Api):
-        server = http_server.Server(app, max_body=app.max_body, errors=errors.SERVER_ERRORS)
+        server = http_server.Server(app, max_body=app.max_body, errors=dialects.SERVER_ERRORS)
         await server.start(host, 0)
         try:
             yield f"http://{host}:{server.port}"

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import uvloop
 
-from sidecar import errors
+from sidecar import dialects
 from sidecar.http import server as http_server
 from sidecar.http.messages import Reply, Request
 from sidecar.http.server import Server
@@ -89,7 +89,7 @@ Check = Callable[[Server, Handlers], Awaitable[None]]
 async def serving(keepalive: float = 75.0, read_timeout: float = 60.0
                   ) -> AsyncIterator[tuple[Server, Handlers]]:
     handlers = Handlers()
-    server = Server(handlers, max_body=lambda: LIMIT, errors=errors.SERVER_ERRORS,
+    server = Server(handlers, max_body=lambda: LIMIT, errors=dialects.SERVER_ERRORS,
                     keepalive_timeout=keepalive, read_timeout=read_timeout)
     await server.start("127.0.0.1", 0)
     try:
@@ -385,7 +385,7 @@ class _Transport:
 
 
 async def test_a_head_is_cut_within_one_read_past_the_limit() -> None:
-    server = Server(Handlers(), max_body=lambda: LIMIT, errors=errors.SERVER_ERRORS)
+    server = Server(Handlers(), max_body=lambda: LIMIT, errors=dialects.SERVER_ERRORS)
     connection = http_server._Connection(server)
     transport = _Transport()
     connection.connection_made(transport)  # type: ignore[arg-type]

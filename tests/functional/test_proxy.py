@@ -69,8 +69,10 @@ class Router:
         return await self.http.post(self.url + path, data=data, **kw)
 
     def sample(self, name: str, **labels: str) -> float:
-        value = self.registry.get_sample_value(name, {"router": "chat", **labels})
-        return 0.0 if value is None else value
+        """The sum of the samples of `name` whose labels include `labels`."""
+        wanted = {"router": "chat", **labels}
+        return sum(s.value for family in self.registry.collect() for s in family.samples
+                   if s.name == name and wanted.items() <= s.labels.items())
 
 
 @pytest.fixture

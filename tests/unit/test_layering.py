@@ -54,14 +54,14 @@ SIDECAR_LAYERS: list[tuple[str, frozenset[str]]] = [
         "shells",
         frozenset({
             "kube", "reload", "event_reporter", "early_probes", "dead_endpoint", "relay",
-            "held_stream", "errors", "metrics",
+            "held_stream", "errors", "dialects", "metrics",
         }),
     ),
     (
         "decisions and ports",
         frozenset({
             "activator", "retry_after", "endpoints", "events", "config", "settings",
-            "routing", "auth", "fallback", "target", "kube_port",
+            "routing", "auth", "fallback", "target", "kube_port", "apis", "multipart",
         }),
     ),
     ("HTTP", frozenset({"http", "http.server", "http.messages", "http.client",

@@ -24,18 +24,21 @@ def test_cached_children_still_count_per_model_and_code() -> None:
         ("coder", 502, 0.003),
         ("gemma", 200, 7.0),
     ]:
-        metrics.request_done(model, code, seconds)
+        metrics.request_done(model, code, seconds, "chat")
+    metrics.request_done("coder", 200, 0.1, "messages")
     metrics.first_byte("coder", 0.0005)
     metrics.first_byte("gemma", 2.0)
     metrics.first_byte("gemma", 2.0)
 
-    assert _value(registry, "modelpool_requests_total", model="coder", code="200") == 2
-    assert _value(registry, "modelpool_requests_total", model="coder", code="502") == 1
-    assert _value(registry, "modelpool_requests_total", model="gemma", code="200") == 1
-    assert _value(registry, "modelpool_requests_total", model="gemma", code="502") is None
+    total = "modelpool_requests_total"
+    assert _value(registry, total, model="coder", code="200", api="chat") == 2
+    assert _value(registry, total, model="coder", code="200", api="messages") == 1
+    assert _value(registry, total, model="coder", code="502", api="chat") == 1
+    assert _value(registry, total, model="gemma", code="200", api="chat") == 1
+    assert _value(registry, total, model="gemma", code="502", api="chat") is None
     duration = "modelpool_request_duration_seconds"
-    assert _value(registry, duration + "_count", model="coder") == 3
-    assert _value(registry, duration + "_sum", model="coder") == pytest.approx(0.205)
+    assert _value(registry, duration + "_count", model="coder") == 4
+    assert _value(registry, duration + "_sum", model="coder") == pytest.approx(0.305)
     assert _value(registry, duration + "_bucket", model="coder", le="0.005") == 2
     assert _value(registry, duration + "_count", model="gemma") == 1
     ttfb = "modelpool_time_to_first_byte_seconds"
@@ -47,10 +50,11 @@ def test_cached_children_still_count_per_model_and_code() -> None:
 
 def test_each_router_metrics_counts_on_its_own_registry() -> None:
     first, second = CollectorRegistry(), CollectorRegistry()
-    RouterMetrics(first, "chat").request_done("coder", 200, 0.01)
+    RouterMetrics(first, "chat").request_done("coder", 200, 0.01, "chat")
     RouterMetrics(second, "chat")
-    assert _value(first, "modelpool_requests_total", model="coder", code="200") == 1
-    assert _value(second, "modelpool_requests_total", model="coder", code="200") is None
+    assert _value(first, "modelpool_requests_total", model="coder", code="200", api="chat") == 1
+    assert _value(second, "modelpool_requests_total", model="coder", code="200",
+                  api="chat") is None
 
 
 def test_an_observation_on_a_bound_counts_in_that_bucket_and_one_past_the_last_only_in_inf(
