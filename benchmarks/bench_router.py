@@ -5,6 +5,7 @@ aiohttp server in its own process, so the figures measure the router, not a mode
 
 1. added latency p50/p99, router vs direct, at 1, 16 and 64 concurrent clients, and the
    throughput ratio router/direct (direct and router batches alternate, samples pooled);
+   the same for Anthropic Messages (`/v1/messages`) at 1 and 16 clients, beside chat's;
 2. streaming time to first byte added;
 3. held requests: N concurrent requests held during a swap, all answered after it, with
    the router's peak RSS (the router runs the real Activation against an in-process fake
@@ -53,6 +54,11 @@ NAMESPACE = "bench"
 CHAT_BODY = json.dumps(
     {"model": "coder", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 ).encode()
+MESSAGES_BODY = json.dumps(
+    {"model": "coder", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
+).encode()
+CHAT = ("/v1/chat/completions", CHAT_BODY)
+MESSAGES = ("/v1/messages", MESSAGES_BODY)
 STREAM_BODY = json.dumps(
     {"model": "coder", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 ).encode()
@@ -110,6 +116,7 @@ async def serve_upstream(port: int) -> None:
     raise_fd_limit()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", upstream_handler)
+    app.router.add_post("/v1/messages", upstream_handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, HOST, port, backlog=4096).start()
@@ -335,20 +342,22 @@ class Batch:
 
 
 async def closed_loop(
-    session: aiohttp.ClientSession, url: str, concurrency: int, total: int
+    session: aiohttp.ClientSession, url: str, concurrency: int, total: int,
+    api: tuple[str, bytes] = CHAT,
 ) -> Batch:
     """`concurrency` clients, each sending its next request as soon as one is answered."""
     latencies: list[float] = []
     errors = 0
     remaining = total
-    endpoint = url + "/v1/chat/completions"
+    path, body = api
+    endpoint = url + path
 
     async def client() -> None:
         nonlocal remaining, errors
         while remaining > 0:
             remaining -= 1
             t0 = time.perf_counter()
-            async with session.post(endpoint, data=CHAT_BODY) as resp:
+            async with session.post(endpoint, data=body) as resp:
                 await resp.read()
                 ok = resp.status == 200
             latencies.append(time.perf_counter() - t0)
@@ -447,6 +456,23 @@ async def proxy_overhead(
                 ]
             )
             print(f"  {concurrency:>3} clients: {len(d.latencies)} requests each side", flush=True)
+        for concurrency in (1, 16):
+            total = counts[concurrency]
+            d, r = Batch([], 0.0, 0), Batch([], 0.0, 0)
+            for _ in range(rounds):
+                for target, acc in ((direct, d), (router, r)):
+                    b = await closed_loop(session, target, concurrency, total // rounds,
+                                          MESSAGES)
+                    acc.latencies += b.latencies
+                    acc.elapsed += b.elapsed
+                    acc.errors += b.errors
+            assert d.errors == r.errors == 0, (d.errors, r.errors)
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                dv, rv = pct(d.latencies, q), pct(r.latencies, q)
+                out.rows.append([f"/v1/messages latency {name}, {concurrency} clients",
+                                 ms(dv), ms(rv), f"+{ms(rv - dv)}", f"{rv / dv:.2f}"])
+            print(f"  {concurrency:>3} clients on /v1/messages: {len(d.latencies)} requests "
+                  "each side", flush=True)
         d_t, r_t = [], []
         for _ in range(rounds):
             d_t += await first_bytes(session, direct, ttfb_count // rounds)
