@@ -9,11 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
+from kubecore.refusal import read_refusal
+from kubecore.watch import Gone as _Gone
 from sidecar.activation import Conflict, KubeError
 from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
 from sidecar.endpoints import Endpoint
 from sidecar.kube import (
-    _Gone,
     _NotFound,
     _refused,
     _translate,
@@ -21,7 +22,6 @@ from sidecar.kube import (
     parse_slice,
     request_patch,
 )
-from telemetry.refusal import read_refusal
 
 pytestmark = pytest.mark.unit
 
