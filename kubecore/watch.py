@@ -15,12 +15,14 @@ program's kube module, or a test's fake of it). It imports neither kr8s nor http
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 Json = dict[str, Any]
+T = TypeVar("T")
 
 
 class Gone(Exception):
@@ -81,6 +83,19 @@ def watch_params(
     return params
 
 
+@contextlib.asynccontextmanager
+async def closing(events: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    """`events`, closed on the way out when it is a generator. A generator that yields
+    another's items must close it when it is closed itself: left open, the inner one (and
+    the connection of its watch) would be finalized later, without its event loop."""
+    try:
+        yield events
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 def version_of(obj: Mapping[str, Any], default: str) -> str:
     """An object's resourceVersion, or `default` when it carries none."""
     return str((obj.get("metadata") or {}).get("resourceVersion", default))
@@ -105,11 +120,12 @@ async def list_then_watch(
                 items, version = await list_()
                 failures = 0
                 yield Listed(items, version)
-            async for type_, obj in watch(version):
-                version = version_of(obj, version)
-                failures = 0
-                if type_ != "BOOKMARK":
-                    yield Event(type_, obj)
+            async with closing(watch(version)) as events:
+                async for type_, obj in events:
+                    version = version_of(obj, version)
+                    failures = 0
+                    if type_ != "BOOKMARK":
+                        yield Event(type_, obj)
             # the server ended the watch (timeoutSeconds): resume where it stopped
         except Gone:
             logger.info("watch of %s expired (410 Gone); listing again", what)

@@ -209,7 +209,7 @@ class Kube:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) from `resource_version` on, bookmarks included, until the server
         ends the watch; raises Gone when that version is too old."""
-        async for event in self._client.events(
+        events = self._client.events(
             f"watch {resource.plural} {namespace or '(all)'}",
             version=resource.api_version,
             namespace=namespace if resource.namespaced else None,
@@ -218,8 +218,10 @@ class Kube:
                 resource_version, WATCH_SECONDS, label_selector=label_selector
             ),
             timeout=httpx.Timeout(REQUEST_TIMEOUT, read=WATCH_SECONDS + 30),
-        ):
-            yield event
+        )
+        async with watch.closing(events):
+            async for event in events:
+                yield event
 
     async def apply(self, body: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]:
         """Server-side apply of one object we own, as field manager modelpool-reconciler."""
@@ -418,7 +420,7 @@ class Informer:
             await result
 
     async def run(self) -> None:
-        async for change in watch.list_then_watch(
+        changes = watch.list_then_watch(
             lambda: self.kube.list_all(self.resource, self.namespace, self.label_selector),
             lambda version: self.kube.watch(
                 self.resource, self.namespace, version, self.label_selector
@@ -426,22 +428,27 @@ class Informer:
             what=self.resource.plural,
             retry=RETRY,
             logger=log,
-        ):
-            if isinstance(change, watch.Listed):
-                await self._listed(change)
-                continue
-            obj = change.object
-            obj.setdefault("apiVersion", self.resource.api_version)
-            obj.setdefault("kind", self.resource.kind)
-            key = key_of(obj)
-            if change.type == "DELETED":
-                self.cache.pop(key, None)
-                self._forget(key, _rv(obj))
-            else:
-                # the event of an earlier write may arrive after `update` put our newer
-                # answer in the cache: never go back to an older one
-                self.update(obj)
-            await self._emit(change.type, obj)
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    await self._listed(change)
+                else:
+                    await self._changed(change)
+
+    async def _changed(self, change: watch.Event) -> None:
+        obj = change.object
+        obj.setdefault("apiVersion", self.resource.api_version)
+        obj.setdefault("kind", self.resource.kind)
+        key = key_of(obj)
+        if change.type == "DELETED":
+            self.cache.pop(key, None)
+            self._forget(key, _rv(obj))
+        else:
+            # the event of an earlier write may arrive after `update` put our newer answer
+            # in the cache: never go back to an older one
+            self.update(obj)
+        await self._emit(change.type, obj)
 
     async def _listed(self, listed: watch.Listed) -> None:
         fresh = {key_of(o): o for o in listed.items}

@@ -234,19 +234,21 @@ class KubeClient:
                 timeout=httpx.Timeout(_REQUEST_TIMEOUT, read=_WATCH_SECONDS + 30),
             )
 
-        async for change in watch.list_then_watch(
+        changes = watch.list_then_watch(
             lambda: self._list(version, namespace, plural, label_selector, field_selector),
             events,
             what=plural,
             retry=_RETRY,
             logger=logger,
-        ):
-            if isinstance(change, watch.Listed):
-                yield Listed(tuple(parse(item) for item in change.items))
-            elif change.type == "DELETED":
-                yield Deleted(change.object["metadata"]["name"])
-            else:
-                yield Changed(parse(change.object))
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    yield Listed(tuple(parse(item) for item in change.items))
+                elif change.type == "DELETED":
+                    yield Deleted(change.object["metadata"]["name"])
+                else:
+                    yield Changed(parse(change.object))
 
 
 class _NotFound(KubeError):

@@ -130,19 +130,21 @@ class Agent:
         retry = watch.Retry(
             delay=lambda _: self.settings.timing.poll_seconds * 2, failures=(ApiError,)
         )
-        async for change in watch.list_then_watch(
+        changes = watch.list_then_watch(
             lambda: self.kube.list_pods(node),
             lambda version: self.kube.watch_pods(node, version),
             what="pods",
             retry=retry,
             logger=logger,
-        ):
-            if isinstance(change, watch.Listed):
-                self._sync(change.items)
-            elif change.type in ("ADDED", "MODIFIED"):
-                self._upsert(change.object)
-            elif change.type == "DELETED":
-                self._vanish(change.object["metadata"]["uid"])
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    self._sync(change.items)
+                elif change.type in ("ADDED", "MODIFIED"):
+                    self._upsert(change.object)
+                elif change.type == "DELETED":
+                    self._vanish(change.object["metadata"]["uid"])
 
     def _sync(self, pods: Sequence[Json]) -> None:
         present = {pod["metadata"]["uid"] for pod in pods}

@@ -134,8 +134,10 @@ class Kube:
         return await self.list("pods", f"spec.nodeName={node}")
 
     async def watch_pods(self, node: str, resource_version: str) -> AsyncIterator[tuple[str, Json]]:
-        async for event in self.watch("pods", resource_version, f"spec.nodeName={node}"):
-            yield event
+        events = self.watch("pods", resource_version, f"spec.nodeName={node}")
+        async with watch.closing(events):
+            async for event in events:
+                yield event
 
     async def list(self, plural: str, field_selector: str = "") -> tuple[list[Json], str]:
         """Every object of a core (v1) kind in all namespaces, and the list's version."""
@@ -149,10 +151,12 @@ class Kube:
         """Events of a core (v1) kind after `resource_version` until the server ends the
         watch; raises Gone when that version is too old. Bookmarks come as `BOOKMARK`."""
         params = watch.watch_params(resource_version, WATCH_SECONDS, field_selector=field_selector)
-        async for event in self._client.events(
+        events = self._client.events(
             f"watch {plural}", version="v1", url=plural, params=params, timeout=WATCH_TIMEOUT
-        ):
-            yield event
+        )
+        async with watch.closing(events):
+            async for event in events:
+                yield event
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Json:
         return await self.request(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from e2e.local.node_agent.kube import ApiError, Json, Kube
 from kubecore import watch
@@ -58,24 +59,31 @@ class ObjectCache:
 
     async def _follow(self, plural: str) -> None:
         retry = watch.Retry(delay=lambda _: self._retry, failures=(ApiError,))
-        async for change in watch.list_then_watch(
+        changes = watch.list_then_watch(
             lambda: self._kube.list(plural),
             lambda version: self._kube.watch(plural, version),
             what=plural,
             retry=retry,
             logger=logger,
-        ):
-            if isinstance(change, watch.Listed):
-                fresh = {(plural, o["metadata"]["namespace"], o["metadata"]["name"]): o
-                         for o in change.items}
-                for key in [k for k in self._objects if k[0] == plural]:
-                    self._objects.pop(key)
-                self._objects.update(fresh)
-            else:
-                meta = change.object["metadata"]
-                key = (plural, meta["namespace"], meta["name"])
-                if change.type == "DELETED":
-                    self._objects.pop(key, None)
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    self._relisted(plural, change.items)
                 else:
-                    self._objects[key] = change.object
-            await self._bump()
+                    self._apply(plural, change)
+                await self._bump()
+
+    def _relisted(self, plural: str, items: Sequence[Json]) -> None:
+        fresh = {(plural, o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
+        for key in [k for k in self._objects if k[0] == plural]:
+            self._objects.pop(key)
+        self._objects.update(fresh)
+
+    def _apply(self, plural: str, change: watch.Event) -> None:
+        meta = change.object["metadata"]
+        key = (plural, meta["namespace"], meta["name"])
+        if change.type == "DELETED":
+            self._objects.pop(key, None)
+        else:
+            self._objects[key] = change.object
