@@ -1,13 +1,13 @@
-"""The reconciler's one door to the API server; the only module that imports kr8s.
+"""The reconciler's one door to the API server; the only module of it that imports kr8s.
 
 Everything the reconciler does to the cluster goes through here: list and watch (resumed
-after `410 Gone` by listing again, never by polling), server-side apply with one field
-manager (kr8s has none: one helper sends `application/apply-patch+yaml` through
-`api.call_api`), merge patches of status, the JSON-patch compare-and-swap on a pool's
-`status.request` (docs/contracts.md section 2), deletes for pruning, Events and the
-leader Lease. Every call goes through `_call`: kr8s never reads a refusal itself (see
-`telemetry.refusal`), and a 401 renews the token on the same session. kr8s and httpx
-errors are translated once, in `_translate`, into `KubeError`s that say whether trying
+after `410 Gone` by listing again, never by polling; `kubecore.watch`), server-side apply
+with one field manager (kr8s has none: one helper sends `application/apply-patch+yaml`
+through `api.call_api`), merge patches of status, the JSON-patch compare-and-swap on a
+pool's `status.request` (`kubecore.pool_request`), deletes for pruning, Events and the
+leader Lease. Every call goes through `kubecore.client`: kr8s never reads a refusal itself,
+and a 401 renews the token on the same session. Refusals and kr8s and httpx errors are
+translated once, in `_refused` and `_translate`, into `KubeError`s that say whether trying
 again can help.
 """
 
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -25,11 +23,12 @@ from typing import Any
 
 import httpx
 import kr8s
-import kr8s.asyncio
 
+from kubecore import client, watch
+from kubecore.client import Client
+from kubecore.pool_request import clear_request_ops as clear_request_ops
+from kubecore.refusal import Refusal
 from reconciler.timefmt import rfc3339, rfc3339_micro
-from telemetry.refusal import Refusal, answer, renew_token
-from telemetry.watch import watch_params
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class Conflict(KubeError):
     """409, or 422 from a failed JSON-patch `test`: re-read and re-decide."""
 
 
-class Gone(KubeError):
+class Gone(KubeError, watch.Gone):
     """410: the resourceVersion a watch resumed from is too old; list again."""
 
 
@@ -126,15 +125,14 @@ def _refused(refusal: Refusal, what: str) -> KubeError:
     return KubeError(message, refusal.code, refusal.reason)
 
 
-def _translate(e: Exception, what: str) -> KubeError:
-    """Every kr8s/httpx failure as one of ours, with the server's message, truncated."""
-    if isinstance(e, KubeError):
-        return e
+def _translate(e: Exception, what: str) -> Exception:
+    """Every kr8s/httpx failure as one of ours, with the server's message, truncated;
+    anything else as it is."""
     if isinstance(e, kr8s.APITimeoutError | httpx.TimeoutException):
         return KubeError(f"{what}: timed out")
     if isinstance(e, httpx.HTTPError | OSError):
         return KubeError(f"{what}: {type(e).__name__}: {str(e)[:_TRUNCATE]}")
-    raise e
+    return e
 
 
 class Kube:
@@ -142,11 +140,12 @@ class Kube:
 
     def __init__(self, api: Any) -> None:
         self.api = api
+        self._client = Client(api, _refused, _translate)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
         """A client from `kubeconfig`, else the pod's service account (kr8s's defaults)."""
-        return cls(await kr8s.asyncio.api(kubeconfig=kubeconfig))
+        return cls(await client.connect(kubeconfig))
 
     async def request(
         self,
@@ -161,35 +160,18 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         what = f"{method} {resource.url(name, sub)} in {namespace or '(cluster)'}"
-        kwargs: dict[str, Any] = {"timeout": REQUEST_TIMEOUT}
-        if params:
-            kwargs["params"] = dict(params)
-        if body is not None:
-            kwargs["content"] = json.dumps(body)
-            kwargs["headers"] = {"Content-Type": content_type}
-        try:
-            async with self._call(
-                what,
-                method,
-                version=resource.api_version,
-                namespace=namespace if resource.namespaced else None,
-                url=resource.url(name, sub),
-                **kwargs,
-            ) as response:
-                data = response.json() if response.content else {}
-        except Exception as e:
-            raise _translate(e, what) from e
+        data = await self._client.json(
+            what,
+            method,
+            body=body,
+            content_type=content_type,
+            params=params,
+            version=resource.api_version,
+            namespace=namespace if resource.namespaced else None,
+            url=resource.url(name, sub),
+            timeout=REQUEST_TIMEOUT,
+        )
         return data if isinstance(data, dict) else {}
-
-    @contextlib.asynccontextmanager
-    async def _call(self, what: str, method: str, **kwargs: Any) -> AsyncIterator[Any]:
-        """`api.call_api` with kr8s's reading of a refusal turned off (telemetry.refusal)."""
-        async with answer(
-            lambda: self.api.call_api(method, raise_for_status=False, **kwargs),
-            lambda refused: _refused(refused, what),
-            functools.partial(renew_token, self.api),
-        ) as response:
-            yield response
 
     async def get(
         self, resource: Resource, namespace: str | None, name: str
@@ -227,34 +209,19 @@ class Kube:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) from `resource_version` on, bookmarks included, until the server
         ends the watch; raises Gone when that version is too old."""
-        params = watch_params(resource_version, WATCH_SECONDS, label_selector=label_selector)
-        what = f"watch {resource.plural} {namespace or '(all)'}"
-        try:
-            async with self._call(
-                what,
-                "GET",
-                version=resource.api_version,
-                namespace=namespace if resource.namespaced else None,
-                url=resource.url(),
-                params=params,
-                stream=True,
-                timeout=httpx.Timeout(REQUEST_TIMEOUT, read=WATCH_SECONDS + 30),
-            ) as response:
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        code = obj.get("code")
-                        if code == 410:
-                            raise Gone(f"{what}: {obj.get('message', '')[:_TRUNCATE]}", 410)
-                        raise KubeError(f"{what}: {obj.get('message', '')[:_TRUNCATE]}", code)
-                    yield str(event.get("type")), obj
-        except KubeError:
-            raise
-        except Exception as e:
-            raise _translate(e, what) from e
+        events = self._client.events(
+            f"watch {resource.plural} {namespace or '(all)'}",
+            version=resource.api_version,
+            namespace=namespace if resource.namespaced else None,
+            url=resource.url(),
+            params=watch.watch_params(
+                resource_version, WATCH_SECONDS, label_selector=label_selector
+            ),
+            timeout=httpx.Timeout(REQUEST_TIMEOUT, read=WATCH_SECONDS + 30),
+        )
+        async with watch.closing(events):
+            async for event in events:
+                yield event
 
     async def apply(self, body: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]:
         """Server-side apply of one object we own, as field manager modelpool-reconciler."""
@@ -374,39 +341,8 @@ class Kube:
         await self.create(EVENTS, namespace, event)
 
     async def close(self) -> None:
-        session = getattr(self.api, "_session", None)
-        if session is not None:
-            with contextlib.suppress(Exception):
-                await session.aclose()
-
-
-def request_cas_ops(
-    status: Mapping[str, Any] | None, resource_version: str, new_request: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """The compare-and-swap of docs/contracts.md section 2: `new_request` (without a
-    generation) replaces the current request at generation + 1, or is added at 1."""
-    current = (status or {}).get("request")
-    if isinstance(current, Mapping) and isinstance(current.get("generation"), int):
-        generation = int(current["generation"])
-        value = {**new_request, "generation": generation + 1}
-        return [
-            {"op": "test", "path": "/status/request/generation", "value": generation},
-            {"op": "replace", "path": "/status/request", "value": value},
-        ]
-    value = {**new_request, "generation": 1}
-    test = {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
-    if status is None:
-        return [test, {"op": "add", "path": "/status", "value": {"request": value}}]
-    return [test, {"op": "add", "path": "/status/request", "value": value}]
-
-
-def clear_request_ops(generation: int, cleared: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Clear a request only while it is still at `generation` (a newer one is kept)."""
-    return [
-        {"op": "test", "path": "/status/request/generation", "value": generation},
-        {"op": "replace", "path": "/status/request", "value": {**cleared,
-                                                              "generation": generation + 1}},
-    ]
+        with contextlib.suppress(Exception):
+            await client.close(self.api)
 
 
 def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -418,6 +354,12 @@ OnChange = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 
 
 MAX_TOMBSTONES = 4096
+
+# A failed list or watch is waited out (doubling, up to 30 s, with jitter), then listed again.
+RETRY = watch.Retry(
+    delay=lambda failures: min(30.0, 0.5 * 2 ** min(failures, 6)) * (1 + 0.2 * random.random()),
+    failures=(KubeError,),
+)
 
 
 class Informer:
@@ -478,50 +420,47 @@ class Informer:
             await result
 
     async def run(self) -> None:
-        failures = 0
-        while True:
-            try:
-                items, version = await self.kube.list_all(
-                    self.resource, self.namespace, self.label_selector
-                )
-                fresh = {key_of(o): o for o in items}
-                gone = [o for k, o in self.cache.items() if k not in fresh]
-                self.cache = fresh
-                self._gone.clear()
-                self._floor = _rv({"metadata": {"resourceVersion": version}})
-                for obj in gone:
-                    await self._emit("DELETED", obj)
-                for obj in items:
-                    await self._emit("SYNC", obj)
-                self.synced.set()
-                failures = 0
-                while True:
-                    async for type_, obj in self.kube.watch(
-                        self.resource, self.namespace, version, self.label_selector
-                    ):
-                        version = str((obj.get("metadata") or {}).get("resourceVersion", version))
-                        if type_ == "BOOKMARK":
-                            continue
-                        obj.setdefault("apiVersion", self.resource.api_version)
-                        obj.setdefault("kind", self.resource.kind)
-                        key = key_of(obj)
-                        if type_ == "DELETED":
-                            self.cache.pop(key, None)
-                            self._forget(key, _rv(obj))
-                        else:
-                            # the event of an earlier write may arrive after `update` put
-                            # our newer answer in the cache: never go back to an older one
-                            self.update(obj)
-                        await self._emit(type_, obj)
-                    # the server ended the watch (timeoutSeconds): resume where it stopped
-            except Gone:
-                log.info("watch of %s expired (410 Gone); listing again", self.resource.plural)
-            except KubeError as e:
-                failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (1 + 0.2 * random.random())
-                log.warning("watch of %s failed (%s); again in %.1fs", self.resource.plural, e,
-                            delay)
-                await asyncio.sleep(delay)
+        changes = watch.list_then_watch(
+            lambda: self.kube.list_all(self.resource, self.namespace, self.label_selector),
+            lambda version: self.kube.watch(
+                self.resource, self.namespace, version, self.label_selector
+            ),
+            what=self.resource.plural,
+            retry=RETRY,
+            logger=log,
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    await self._listed(change)
+                else:
+                    await self._changed(change)
+
+    async def _changed(self, change: watch.Event) -> None:
+        obj = change.object
+        obj.setdefault("apiVersion", self.resource.api_version)
+        obj.setdefault("kind", self.resource.kind)
+        key = key_of(obj)
+        if change.type == "DELETED":
+            self.cache.pop(key, None)
+            self._forget(key, _rv(obj))
+        else:
+            # the event of an earlier write may arrive after `update` put our newer answer
+            # in the cache: never go back to an older one
+            self.update(obj)
+        await self._emit(change.type, obj)
+
+    async def _listed(self, listed: watch.Listed) -> None:
+        fresh = {key_of(o): o for o in listed.items}
+        gone = [o for k, o in self.cache.items() if k not in fresh]
+        self.cache = fresh
+        self._gone.clear()
+        self._floor = _rv({"metadata": {"resourceVersion": listed.version}})
+        for obj in gone:
+            await self._emit("DELETED", obj)
+        for obj in listed.items:
+            await self._emit("SYNC", obj)
+        self.synced.set()
 
 
 def _rv(obj: Mapping[str, Any]) -> int:

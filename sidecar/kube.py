@@ -7,17 +7,14 @@ JSON Patch with a `test` op, exactly as docs/contracts.md section 2 says. It wat
 router's own ConfigMap the same way, so a new config applies as soon as it is written.
 It also creates the core/v1 Events that `sidecar.events` decides on
 (`sidecar.event_reporter.EventPort`).
-Every call goes through `_call`: kr8s never reads a refusal itself (see
-`telemetry.refusal`), and a 401 renews the token on the same session. kr8s and httpx
-errors are translated here, once, into `KubeError` and `Conflict`.
+Every call goes through `kubecore.client`: kr8s never reads a refusal itself, and a 401
+renews the token on the same session; the watches are `kubecore.watch`'s list-then-watch.
+Refusals and kr8s and httpx errors are translated here, once, into `KubeError` and
+`Conflict`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -25,8 +22,11 @@ from typing import Any, TypeVar
 
 import httpx
 import kr8s
-import kr8s.asyncio
 
+from kubecore import client, watch
+from kubecore.client import Client
+from kubecore.pool_request import request_ops
+from kubecore.refusal import Refusal
 from sidecar.activator import (
     LastSwap,
     PoolRequest,
@@ -38,8 +38,6 @@ from sidecar.endpoints import Endpoint, EndpointSlice
 from sidecar.events import Post
 from sidecar.kube_port import Changed, Conflict, Deleted, KubeError, Listed, WatchEvent
 from sidecar.reload import ConfigData
-from telemetry.refusal import Refusal, answer, renew_token
-from telemetry.watch import watch_params
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +51,9 @@ CORE_API = "v1"
 _REQUEST_TIMEOUT = 15.0
 _WATCH_SECONDS = 290  # the server ends each watch; we resume from the last version
 _BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+# A watch waits out any failure, then resumes from the last version it saw.
+_RETRY = watch.Retry(delay=lambda failures: _BACKOFF[min(failures, len(_BACKOFF)) - 1],
+                     relist=False)
 
 T = TypeVar("T")
 Body = dict[str, Any]
@@ -70,14 +71,10 @@ __all__ = [
 ]
 
 
-class _Gone(Exception):
-    """The watch's resource version expired (410): list again."""
-
-
 async def connect(kubeconfig: str | None = None) -> KubeClient:
     """A client from `kubeconfig`, else KUBECONFIG or the in-cluster service account."""
     try:
-        api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
+        api = await client.connect(kubeconfig)
     except Exception as e:
         raise KubeError(f"cannot connect to the Kubernetes API: {e}") from e
     return KubeClient(api)
@@ -88,6 +85,7 @@ class KubeClient:
         self, api: Any, *, wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     ) -> None:
         self._api = api
+        self._client = Client(api, _refused, _translate)
         self._wall_clock = wall_clock
         # uid of every ModelPool seen, by (namespace, name): an Event's involvedObject
         # carries it, and `kubectl describe` finds a pool's Events by it.
@@ -95,9 +93,7 @@ class KubeClient:
 
     async def close(self) -> None:
         """Close the HTTP session (kr8s keeps it open for the client's lifetime)."""
-        session = getattr(self._api, "_session", None)
-        if session is not None:
-            await session.aclose()
+        await client.close(self._api)
 
     # --- ModelPools ---
 
@@ -116,8 +112,8 @@ class KubeClient:
                 POOL_API,
                 namespace,
                 f"modelpools/{pool}/status",
-                content=json.dumps(ops),
-                headers={"Content-Type": "application/json-patch+json"},
+                body=ops,
+                content_type="application/json-patch+json",
             )
         except _NotFound as e:
             raise KubeError(f"ModelPool {namespace}/{pool} not found") from e
@@ -150,8 +146,7 @@ class KubeClient:
             EVENT_API,
             post.namespace,
             "events",
-            content=json.dumps(body),
-            headers={"Content-Type": "application/json"},
+            body=body,
         )
 
     # --- EndpointSlices ---
@@ -166,10 +161,9 @@ class KubeClient:
             SLICE_API,
             namespace,
             "endpointslices",
-            parse_slice,
             label_selector=f"{SERVICE_NAME_LABEL}={service}",
         )
-        return items
+        return [parse_slice(item) for item in items]
 
     # --- the router's own ConfigMap ---
 
@@ -188,47 +182,27 @@ class KubeClient:
         self, method: str, version: str, namespace: str, url: str, **kwargs: Any
     ) -> Body:
         what = f"{method} {url}"
-        try:
-            async with self._call(
-                what,
-                method,
-                version=version,
-                namespace=namespace,
-                url=url,
-                timeout=_REQUEST_TIMEOUT,
-                **kwargs,
-            ) as response:
-                body = response.json()
-        except Exception as e:
-            raise _translate(e, what) from e
+        body = await self._client.json(
+            what, method, version=version, namespace=namespace, url=url,
+            timeout=_REQUEST_TIMEOUT, **kwargs,
+        )
         if not isinstance(body, dict):
             raise KubeError(f"{what}: the API server answered {type(body).__name__}")
         return body
-
-    @contextlib.asynccontextmanager
-    async def _call(self, what: str, method: str, **kwargs: Any) -> AsyncIterator[Any]:
-        """`api.call_api` with kr8s's reading of a refusal turned off (telemetry.refusal)."""
-        async with answer(
-            lambda: self._api.call_api(method, raise_for_status=False, **kwargs),
-            lambda refused: _refused(refused, what),
-            functools.partial(renew_token, self._api),
-        ) as response:
-            yield response
 
     async def _list(
         self,
         version: str,
         namespace: str,
         plural: str,
-        parse: Callable[[Body], T],
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> tuple[list[T], str]:
+    ) -> tuple[list[Body], str]:
         params = {"labelSelector": label_selector} if label_selector else {}
         if field_selector:
             params["fieldSelector"] = field_selector
         body = await self._json("GET", version, namespace, plural, params=params)
-        items = [parse(item) for item in body.get("items") or ()]
+        items = list(body.get("items") or ())
         return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(
@@ -242,81 +216,52 @@ class KubeClient:
     ) -> AsyncGenerator[WatchEvent[T], None]:
         """List, then watch from the list's version; on a dropped stream resume from the last
         version seen; on 410 Gone list again. Never ends on its own."""
-        resource_version: str | None = None
-        failures = 0
-        while True:
-            try:
-                if resource_version is None:
-                    items, resource_version = await self._list(
-                        version, namespace, plural, parse, label_selector, field_selector
-                    )
-                    yield Listed(tuple(items))
-                params = watch_params(
+
+        def events(resource_version: str) -> AsyncIterator[tuple[str, Body]]:
+            return self._client.events(
+                f"watch {plural}",
+                version=version,
+                namespace=namespace,
+                url=plural,
+                params=watch.watch_params(
                     resource_version,
                     _WATCH_SECONDS,
                     label_selector=label_selector,
                     field_selector=field_selector,
-                )
-                async with self._call(
-                    f"watch {plural}",
-                    "GET",
-                    version=version,
-                    namespace=namespace,
-                    url=plural,
-                    params=params,
-                    stream=True,
-                    # The server ends the watch after _WATCH_SECONDS; a read that waits longer
-                    # is a dead connection, which this timeout turns into a resume.
-                    timeout=httpx.Timeout(_REQUEST_TIMEOUT, read=_WATCH_SECONDS + 30),
-                ) as response:
-                    async for line in response.aiter_lines():
-                        if not line.strip():
-                            continue
-                        kind, obj = _watch_line(line)
-                        resource_version = obj["metadata"]["resourceVersion"]
-                        failures = 0
-                        if kind == "BOOKMARK":
-                            continue
-                        if kind == "DELETED":
-                            yield Deleted(obj["metadata"]["name"])
-                        else:
-                            yield Changed(parse(obj))
-            except _Gone:
-                logger.info("watch of %s expired (410 Gone): listing again", plural)
-                resource_version = None
-            except Exception as e:
-                error = _translate(e, f"watch {plural}")
-                if isinstance(error, _Gone):
-                    logger.info("watch of %s expired (410 Gone): listing again", plural)
-                    resource_version = None
-                    continue
-                delay = _BACKOFF[min(failures, len(_BACKOFF) - 1)]
-                failures += 1
-                logger.warning("watch of %s failed (%s); again in %ss", plural, error, delay)
-                await asyncio.sleep(delay)
+                ),
+                # The server ends the watch after _WATCH_SECONDS; a read that waits longer
+                # is a dead connection, which this timeout turns into a resume.
+                timeout=httpx.Timeout(_REQUEST_TIMEOUT, read=_WATCH_SECONDS + 30),
+            )
+
+        changes = watch.list_then_watch(
+            lambda: self._list(version, namespace, plural, label_selector, field_selector),
+            events,
+            what=plural,
+            retry=_RETRY,
+            logger=logger,
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    yield Listed(tuple(parse(item) for item in change.items))
+                elif change.type == "DELETED":
+                    yield Deleted(change.object["metadata"]["name"])
+                else:
+                    yield Changed(parse(change.object))
 
 
 class _NotFound(KubeError):
     pass
 
 
-def _watch_line(line: str) -> tuple[str, Body]:
-    event = json.loads(line)
-    kind, obj = event["type"], event["object"]
-    if kind == "ERROR":
-        if obj.get("code") == 410:
-            raise _Gone()
-        raise KubeError(f"watch error: {obj.get('message', obj)}")
-    return str(kind), obj
-
-
 def _refused(refusal: Refusal, what: str) -> Exception:
-    """A refusal in our vocabulary: Conflict for a lost CAS, _Gone for an expired version,
+    """A refusal in our vocabulary: Conflict for a lost CAS, Gone for an expired version,
     _NotFound, else KubeError (worth retrying)."""
     if refusal.code in (409, 422):
         return Conflict(f"{what}: {refusal}")
     if refusal.code == 410:
-        return _Gone()
+        return watch.Gone()
     if refusal.code == 404:
         return _NotFound(f"{what}: not found")
     return KubeError(f"{what}: {refusal}")
@@ -324,7 +269,7 @@ def _refused(refusal: Refusal, what: str) -> Exception:
 
 def _translate(e: Exception, what: str) -> Exception:
     """kr8s and httpx errors in our vocabulary (a refusal is one already, see `_refused`)."""
-    if isinstance(e, KubeError | _Gone):
+    if isinstance(e, KubeError | watch.Gone):
         return e
     if isinstance(e, httpx.HTTPError | kr8s.APITimeoutError | OSError | ValueError | KeyError):
         return KubeError(f"{what}: {type(e).__name__}: {str(e)[:300]}")
@@ -376,19 +321,8 @@ def request_patch(write: WriteRequest, now: datetime) -> list[Body]:
         "requestedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "requestedBy": write.request.requested_by,
     }
-    if write.expected is not None:
-        return [
-            {
-                "op": "test",
-                "path": "/status/request/generation",
-                "value": write.expected.generation,
-            },
-            {"op": "replace", "path": "/status/request", "value": value},
-        ]
-    test = {"op": "test", "path": "/metadata/resourceVersion", "value": write.resource_version}
-    if write.status_present:
-        return [test, {"op": "add", "path": "/status/request", "value": value}]
-    return [test, {"op": "add", "path": "/status", "value": {"request": value}}]
+    expected = write.expected.generation if write.expected is not None else None
+    return request_ops(value, expected, write.resource_version, write.status_present)
 
 
 def parse_pool(obj: Body) -> PoolStatus:

@@ -90,8 +90,8 @@ build() {
   log "modelpool/$name:$version (and :e2e) built on $base"
 }
 
-build reconciler reconciler reconciler telemetry templates
-build router sidecar sidecar telemetry
+build reconciler reconciler reconciler telemetry kubecore templates
+build router sidecar sidecar telemetry kubecore
 build fake-model e2e.fake_model e2e/__init__.py e2e/fake_model
 build fake-gpu-plugin e2e.device_plugin e2e/__init__.py e2e/device_plugin
 

@@ -24,17 +24,16 @@ import secrets
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import kr8s.asyncio
 import pytest
 
 from e2e.local import controlplane
 from e2e.local.paths import REPO_ROOT, default_state_dir
+from kubecore.client import opened
 
 CLUSTER_TIERS = ("integration", "e2e")
 TIERS = ("unit", "functional", *CLUSTER_TIERS)
@@ -217,30 +216,15 @@ def kubectl(kubeconfig: Path, cluster: controlplane.LocalCluster) -> Kubectl:
 
 
 @pytest.fixture
-async def api(kubeconfig: Path) -> AsyncIterator[kr8s.asyncio.Api]:
+async def api(kubeconfig: Path) -> AsyncIterator[Any]:
     """A kr8s client of this test's event loop, closed and forgotten after the test."""
     async with kr8s_client(kubeconfig) as client:
         yield client
 
 
-@contextlib.asynccontextmanager
-async def kr8s_client(kubeconfig: Path) -> AsyncIterator[kr8s.asyncio.Api]:
+def kr8s_client(kubeconfig: Path) -> contextlib.AbstractAsyncContextManager[Any]:
     """A kr8s client of the running event loop for `kubeconfig`, closed and forgotten after."""
-    client = await kr8s.asyncio.api(kubeconfig=str(kubeconfig))
-    try:
-        yield client
-    finally:
-        # kr8s caches clients per thread and event loop; a later loop can reuse the id of
-        # this one, so the entry goes with the loop, and so does its HTTP session.
-        session = getattr(client, "_session", None)
-        if session is not None:
-            await session.aclose()
-        cache: dict[str, Any] = getattr(type(client), "_instances", {})
-        loop_key = f"{threading.get_ident()}."
-        for key in [k for k in cache if k.startswith(loop_key)]:
-            entries = cache[key]
-            for name in [n for n, v in list(entries.items()) if v is client]:
-                del entries[name]
+    return opened(str(kubeconfig))
 
 
 def _namespace_name(nodeid: str) -> str:

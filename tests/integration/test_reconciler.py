@@ -26,6 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from e2e.harness import wait_established
+from kubecore.pool_request import next_request_ops as request_cas_ops
 from reconciler.__main__ import run
 from reconciler.kube import (
     MODEL_POOLS,
@@ -34,7 +35,6 @@ from reconciler.kube import (
     PODS,
     Conflict,
     Kube,
-    request_cas_ops,
 )
 from reconciler.settings import Settings, SwapSettings
 from reconciler.writes import CREATE_RETRIED

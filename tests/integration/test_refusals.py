@@ -5,7 +5,7 @@ The refusals are the 403s programs here meet every day: a namespace being delete
 anything new in it, and a Role refuses what it does not grant (a router's RoleBinding
 reaches the authorizer a moment after the router starts). kr8s's own reading of a 403
 would re-load the credentials and close its HTTP session under every watch in flight
-(`telemetry.refusal`): a reconciler that wrote into a test's namespace while it went away
+(`kubecore.refusal`): a reconciler that wrote into a test's namespace while it went away
 lost its Pod watch, and the swap of another namespace waited out its budget. Each test
 opens a watch, has a request refused through the same kr8s client, and proves the watch
 still delivers the next change without breaking.
@@ -221,7 +221,7 @@ async def test_a_router_whose_token_is_revoked_reads_the_new_one_and_keeps_its_w
             kubectl("delete", "secret", "holder", "-n", namespace)
             wait_unauthorized(kubectl, namespace, old, tmp_path)
             write_token_kubeconfig(kubectl, path, router_token(kubectl, namespace))
-            caplog.set_level(logging.INFO, logger="telemetry.refusal")
+            caplog.set_level(logging.INFO, logger="kubecore.refusal")
             caplog.set_level(logging.INFO, logger="sidecar.kube")
             with pytest.raises(KubeError, match=r"HTTP 403: .*cannot get resource"):
                 await client.get_pool(namespace, "heavy")  # authenticated again: now refused

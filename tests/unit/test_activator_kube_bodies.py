@@ -9,10 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
+from kubecore.refusal import read_refusal
+from kubecore.watch import Gone as _Gone
 from sidecar.activator import LastSwap, PoolRequest, PoolStatus, SwapProgress, WriteRequest
 from sidecar.endpoints import Endpoint
 from sidecar.kube import (
-    _Gone,
     _NotFound,
     _refused,
     _translate,
@@ -21,7 +22,6 @@ from sidecar.kube import (
     request_patch,
 )
 from sidecar.kube_port import Conflict, KubeError
-from telemetry.refusal import read_refusal
 
 pytestmark = pytest.mark.unit
 

@@ -48,7 +48,7 @@ class ScriptedApi:
 
     @asynccontextmanager
     async def call_api(self, method: str, **kwargs: Any) -> AsyncIterator[Any]:
-        # kr8s must never read a refusal itself (telemetry.refusal says why)
+        # kr8s must never read a refusal itself (kubecore.refusal says why)
         assert kwargs.get("raise_for_status") is False, kwargs
         self.calls.append(dict(kwargs.get("params") or {}))
         if not self.replies:

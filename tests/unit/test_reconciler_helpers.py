@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from reconciler.kube import KubeError, NamespaceTerminating, clear_request_ops, request_cas_ops
+from kubecore.pool_request import clear_request_ops
+from kubecore.pool_request import next_request_ops as request_cas_ops
+from reconciler.kube import KubeError, NamespaceTerminating
 from reconciler.logs import ObjectLogger
 from reconciler.objects import covers
 

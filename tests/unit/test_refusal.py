@@ -1,4 +1,4 @@
-"""telemetry.refusal: what an error answer of the API server says, whatever its body, and
+"""kubecore.refusal: what an error answer of the API server says, whatever its body, and
 how a call is answered: a success as it came, a refusal raised, a 401 renewed once."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from telemetry.refusal import Refusal, answer, read_refusal
+from kubecore.refusal import Refusal, answer, read_refusal
 
 pytestmark = pytest.mark.unit
 

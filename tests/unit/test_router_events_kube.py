@@ -36,7 +36,7 @@ class ScriptedApi:
 
     @asynccontextmanager
     async def call_api(self, method: str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
-        # kr8s must never read a refusal itself (telemetry.refusal says why)
+        # kr8s must never read a refusal itself (kubecore.refusal says why)
         assert kwargs.get("raise_for_status") is False, kwargs
         self.calls.append((method, kwargs))
         reply = self.replies.pop(0)

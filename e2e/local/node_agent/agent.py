@@ -17,12 +17,13 @@ from collections.abc import Sequence
 import aiohttp
 
 from e2e.local.node_agent.allocation import Addresses, Devices
-from e2e.local.node_agent.kube import ApiError, Gone, Kube, NotFound
+from e2e.local.node_agent.kube import ApiError, Kube, NotFound
 from e2e.local.node_agent.node import NodeShape, lease_body, micro_time, node_body, node_status
 from e2e.local.node_agent.objects import ObjectCache
 from e2e.local.node_agent.podspec import Json
 from e2e.local.node_agent.settings import AgentSettings
 from e2e.local.node_agent.worker import NodeState, PodWorker, WorkerContext
+from kubecore import watch
 
 logger = logging.getLogger(__name__)
 
@@ -126,22 +127,24 @@ class Agent:
     async def _watch_pods(self) -> None:
         """List, then watch from the list's version; relist after 410 Gone or an error."""
         node = self.shape.name
-        while True:
-            try:
-                pods, version = await self.kube.list_pods(node)
-                self._sync(pods)
-                while True:
-                    async for kind, obj in self.kube.watch_pods(node, version):
-                        version = obj["metadata"].get("resourceVersion", version)
-                        if kind in ("ADDED", "MODIFIED"):
-                            self._upsert(obj)
-                        elif kind == "DELETED":
-                            self._vanish(obj["metadata"]["uid"])
-            except Gone:
-                logger.info("pod watch expired; listing again")
-            except ApiError as error:
-                logger.warning("pod watch failed, listing again: %s", error)
-                await asyncio.sleep(self.settings.timing.poll_seconds * 2)
+        retry = watch.Retry(
+            delay=lambda _: self.settings.timing.poll_seconds * 2, failures=(ApiError,)
+        )
+        changes = watch.list_then_watch(
+            lambda: self.kube.list_pods(node),
+            lambda version: self.kube.watch_pods(node, version),
+            what="pods",
+            retry=retry,
+            logger=logger,
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    self._sync(change.items)
+                elif change.type in ("ADDED", "MODIFIED"):
+                    self._upsert(change.object)
+                elif change.type == "DELETED":
+                    self._vanish(change.object["metadata"]["uid"])
 
     def _sync(self, pods: Sequence[Json]) -> None:
         present = {pod["metadata"]["uid"] for pod in pods}

@@ -1,25 +1,24 @@
 """Every call the node agent (and its test client) makes to the API server.
 
 The only module of the package that imports kr8s. Bodies go in and come out as plain
-dicts; kr8s and httpx errors are translated here into `ApiError` and its kinds, so the
-rest of the agent speaks one error vocabulary. Every call goes through `_call`: kr8s never
-reads a refusal itself (`telemetry.refusal` says why; the agent posts Events into
-namespaces that may be going away).
+dicts; refusals and kr8s and httpx errors are translated here into `ApiError` and its
+kinds, so the rest of the agent speaks one error vocabulary. Every call goes through
+`kubecore.client`: kr8s never reads a refusal itself (`kubecore.refusal` says why; the
+agent posts Events into namespaces that may be going away).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 import kr8s
-import kr8s.asyncio
 
-from telemetry.refusal import answer
-from telemetry.watch import watch_params
+from kubecore import client, watch
+from kubecore.client import Client
+from kubecore.refusal import Refusal
 
 Json = dict[str, Any]
 
@@ -48,7 +47,7 @@ class Conflict(ApiError):
     pass
 
 
-class Gone(ApiError):
+class Gone(ApiError, watch.Gone):
     """The watch's resourceVersion is too old: list again."""
 
 
@@ -59,26 +58,26 @@ class Forbidden(ApiError):
 _KINDS: Mapping[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 403: Forbidden}
 
 
-def _translate(error: Exception) -> ApiError:
-    if isinstance(error, ApiError):
-        return error
-    return ApiError(0, f"{type(error).__name__}: {error}"[:500])
+def _refused(refusal: Refusal, what: str) -> ApiError:
+    return _KINDS.get(refusal.code, ApiError)(refusal.code, refusal.message)
 
 
-def _kind_of(status: Mapping[str, Any]) -> ApiError:
-    code = int(status.get("code", 0))
-    return _KINDS.get(code, ApiError)(code, str(status.get("message", ""))[:500])
+def _translate(error: Exception, what: str) -> Exception:
+    """A failure to reach the API server as an ApiError of status 0; others as they are."""
+    if isinstance(error, kr8s.APITimeoutError | httpx.HTTPError | OSError):
+        return ApiError(0, f"{type(error).__name__}: {error}"[:500])
+    return error
 
 
 class Kube:
     """A thin client over one kr8s `Api` (injected)."""
 
     def __init__(self, api: Any) -> None:
-        self._api = api
+        self._client = Client(api, _refused, _translate)
 
     @classmethod
     async def connect(cls, kubeconfig: str) -> Kube:
-        return cls(await kr8s.asyncio.api(kubeconfig=kubeconfig))
+        return cls(await client.connect(kubeconfig))
 
     async def request(
         self,
@@ -90,28 +89,11 @@ class Kube:
         body: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> Json:
-        kwargs: dict[str, Any] = {"timeout": REQUEST_TIMEOUT}
-        if params:
-            kwargs["params"] = dict(params)
-        if body is not None:
-            kwargs["content"] = json.dumps(body)
-            kwargs["headers"] = {"Content-Type": content_type}
-        try:
-            async with self._call(method, version=version, url=url, **kwargs) as response:
-                result: Json = response.json() if response.content else {}
-                return result
-        except (ApiError, kr8s.APITimeoutError, httpx.HTTPError, OSError) as error:
-            raise _translate(error) from error
-
-    @contextlib.asynccontextmanager
-    async def _call(self, method: str, **kwargs: Any) -> AsyncIterator[Any]:
-        """`api.call_api` with kr8s's reading of a refusal turned off: an error status
-        raises its ApiError here."""
-        async with answer(
-            lambda: self._api.call_api(method, raise_for_status=False, **kwargs),
-            lambda refused: _KINDS.get(refused.code, ApiError)(refused.code, refused.message),
-        ) as response:
-            yield response
+        result: Json = await self._client.json(
+            f"{method} {url}", method, body=body, content_type=content_type, params=params,
+            version=version, url=url, timeout=REQUEST_TIMEOUT,
+        )
+        return result
 
     # Node and Lease
 
@@ -152,8 +134,10 @@ class Kube:
         return await self.list("pods", f"spec.nodeName={node}")
 
     async def watch_pods(self, node: str, resource_version: str) -> AsyncIterator[tuple[str, Json]]:
-        async for event in self.watch("pods", resource_version, f"spec.nodeName={node}"):
-            yield event
+        events = self.watch("pods", resource_version, f"spec.nodeName={node}")
+        async with watch.closing(events):
+            async for event in events:
+                yield event
 
     async def list(self, plural: str, field_selector: str = "") -> tuple[list[Json], str]:
         """Every object of a core (v1) kind in all namespaces, and the list's version."""
@@ -166,20 +150,13 @@ class Kube:
     ) -> AsyncIterator[tuple[str, Json]]:
         """Events of a core (v1) kind after `resource_version` until the server ends the
         watch; raises Gone when that version is too old. Bookmarks come as `BOOKMARK`."""
-        params = watch_params(resource_version, WATCH_SECONDS, field_selector=field_selector)
-        try:
-            async with self._call(
-                "GET", version="v1", url=plural, params=params, stream=True, timeout=WATCH_TIMEOUT
-            ) as response:
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":
-                        raise _kind_of(event["object"])
-                    yield event["type"], event["object"]
-        except (ApiError, kr8s.APITimeoutError, httpx.HTTPError, OSError) as error:
-            raise _translate(error) from error
+        params = watch.watch_params(resource_version, WATCH_SECONDS, field_selector=field_selector)
+        events = self._client.events(
+            f"watch {plural}", version="v1", url=plural, params=params, timeout=WATCH_TIMEOUT
+        )
+        async with watch.closing(events):
+            async for event in events:
+                yield event
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Json:
         return await self.request(

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
-from e2e.local.node_agent.kube import ApiError, Gone, Json, Kube
+from e2e.local.node_agent.kube import ApiError, Json, Kube
+from kubecore import watch
 
 logger = logging.getLogger(__name__)
 
@@ -56,29 +58,32 @@ class ObjectCache:
             self._changed.notify_all()
 
     async def _follow(self, plural: str) -> None:
-        while True:
-            try:
-                items, version = await self._kube.list(plural)
-                fresh = {(plural, o["metadata"]["namespace"], o["metadata"]["name"]): o
-                         for o in items}
-                for key in [k for k in self._objects if k[0] == plural]:
-                    self._objects.pop(key)
-                self._objects.update(fresh)
+        retry = watch.Retry(delay=lambda _: self._retry, failures=(ApiError,))
+        changes = watch.list_then_watch(
+            lambda: self._kube.list(plural),
+            lambda version: self._kube.watch(plural, version),
+            what=plural,
+            retry=retry,
+            logger=logger,
+        )
+        async with watch.closing(changes):
+            async for change in changes:
+                if isinstance(change, watch.Listed):
+                    self._relisted(plural, change.items)
+                else:
+                    self._apply(plural, change)
                 await self._bump()
-                while True:
-                    async for kind, obj in self._kube.watch(plural, version):
-                        meta = obj["metadata"]
-                        version = meta.get("resourceVersion", version)
-                        if kind == "BOOKMARK":
-                            continue
-                        key = (plural, meta["namespace"], meta["name"])
-                        if kind == "DELETED":
-                            self._objects.pop(key, None)
-                        else:
-                            self._objects[key] = obj
-                        await self._bump()
-            except Gone:
-                logger.info("%s watch expired; listing again", plural)
-            except ApiError as error:
-                logger.warning("%s watch failed, listing again: %s", plural, error)
-                await asyncio.sleep(self._retry)
+
+    def _relisted(self, plural: str, items: Sequence[Json]) -> None:
+        fresh = {(plural, o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
+        for key in [k for k in self._objects if k[0] == plural]:
+            self._objects.pop(key)
+        self._objects.update(fresh)
+
+    def _apply(self, plural: str, change: watch.Event) -> None:
+        meta = change.object["metadata"]
+        key = (plural, meta["namespace"], meta["name"])
+        if change.type == "DELETED":
+            self._objects.pop(key, None)
+        else:
+            self._objects[key] = change.object

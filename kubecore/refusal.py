@@ -8,10 +8,11 @@ a namespace being deleted refuses new objects, and a RoleBinding created beside 
 that uses it reaches the authorizer a moment after the pod starts. One such answer must
 not cut the watches of every other namespace.
 
-`answer` reads the status of a call each program's own kube module makes, and that module
-turns a `Refusal` into its own errors. A 401 renews the credentials on the same session
-(`renew_token`) and goes once more. This package does not import kr8s: the call comes in
-as a function, and `renew_token` speaks to the client it is given.
+`answer` reads the status of a call (`kubecore.client` makes them), and each program's
+kube module turns a `Refusal` into its own errors. A 401 renews the credentials on the
+same session (`renew_token`) and goes once more. A watch reports a refusal as an ERROR
+event whose object is the same Status (`status_refusal`). This module does not import
+kr8s: the call comes in as a function, and `renew_token` speaks to the client it is given.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -58,17 +59,28 @@ def read_refusal(code: int, body: bytes) -> Refusal:
     except (ValueError, RecursionError):
         status = None
     if isinstance(status, dict) and isinstance(status.get("message"), str):
-        reason = status.get("reason")
-        details = status.get("details")
-        causes = details.get("causes") if isinstance(details, dict) else None
-        return Refusal(
-            code,
-            reason if isinstance(reason, str) else "",
-            status["message"][:_TRUNCATE],
-            tuple(str(c.get("reason", "")) for c in causes if isinstance(c, dict))
-            if isinstance(causes, list) else (),
-        )
+        return _from_status(code, status)
     return Refusal(code, "", body[:_TRUNCATE].decode("utf-8", "replace").strip())
+
+
+def status_refusal(status: Mapping[str, Any]) -> Refusal:
+    """The refusal in a watch's ERROR event: its object is a metav1 Status, whose `code`
+    stands for the HTTP status (0 when it has none)."""
+    code = status.get("code")
+    return _from_status(code if isinstance(code, int) else 0, status)
+
+
+def _from_status(code: int, status: Mapping[str, Any]) -> Refusal:
+    reason, message = status.get("reason"), status.get("message")
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, Mapping) else None
+    return Refusal(
+        code,
+        reason if isinstance(reason, str) else "",
+        message[:_TRUNCATE] if isinstance(message, str) else "",
+        tuple(str(c.get("reason", "")) for c in causes if isinstance(c, Mapping))
+        if isinstance(causes, list) else (),
+    )
 
 
 @contextlib.asynccontextmanager
