@@ -398,6 +398,26 @@ class Results:
     ready: dict[str, Any] = field(default_factory=dict)
 
 
+async def alternate(
+    session: aiohttp.ClientSession, upstream: Proc, router: Proc, concurrency: int,
+    per_round: int, rounds: int, api: tuple[str, bytes],
+) -> tuple[Batch, Batch, dict[str, float]]:
+    """Direct and router batches of `api`, alternating for `rounds`: both sides' samples
+    pooled, and each process's CPU seconds."""
+    d, r = Batch([], 0.0, 0), Batch([], 0.0, 0)
+    cpu = {"upstream": 0.0, "router": 0.0}
+    for _ in range(rounds):
+        for acc, proc in ((d, upstream), (r, router)):
+            before = proc.cpu_seconds()
+            b = await closed_loop(session, proc.url, concurrency, per_round, api)
+            cpu["upstream" if proc is upstream else "router"] += proc.cpu_seconds() - before
+            acc.latencies += b.latencies
+            acc.elapsed += b.elapsed
+            acc.errors += b.errors
+    assert d.errors == r.errors == 0, (d.errors, r.errors)
+    return d, r, cpu
+
+
 async def proxy_overhead(
     upstream: Proc,
     router_proc: Proc,
@@ -412,17 +432,8 @@ async def proxy_overhead(
         await closed_loop(session, direct, 16, 500)  # warm both paths and their pools
         await closed_loop(session, router, 16, 500)
         for concurrency, total in counts.items():
-            d, r = Batch([], 0.0, 0), Batch([], 0.0, 0)
-            cpu = {"upstream": 0.0, "router": 0.0}
-            for _ in range(rounds):
-                for target, acc, proc in ((direct, d, upstream), (router, r, router_proc)):
-                    before = proc.cpu_seconds()
-                    b = await closed_loop(session, target, concurrency, total // rounds)
-                    cpu["upstream" if proc is upstream else "router"] += proc.cpu_seconds() - before
-                    acc.latencies += b.latencies
-                    acc.elapsed += b.elapsed
-                    acc.errors += b.errors
-            assert d.errors == r.errors == 0, (d.errors, r.errors)
+            d, r, cpu = await alternate(session, upstream, router_proc, concurrency,
+                                        total // rounds, rounds, CHAT)
             for name, q in (("p50", 0.5), ("p99", 0.99)):
                 dv, rv = pct(d.latencies, q), pct(r.latencies, q)
                 out.rows.append(
@@ -457,16 +468,8 @@ async def proxy_overhead(
             )
             print(f"  {concurrency:>3} clients: {len(d.latencies)} requests each side", flush=True)
         for concurrency in (1, 16):
-            total = counts[concurrency]
-            d, r = Batch([], 0.0, 0), Batch([], 0.0, 0)
-            for _ in range(rounds):
-                for target, acc in ((direct, d), (router, r)):
-                    b = await closed_loop(session, target, concurrency, total // rounds,
-                                          MESSAGES)
-                    acc.latencies += b.latencies
-                    acc.elapsed += b.elapsed
-                    acc.errors += b.errors
-            assert d.errors == r.errors == 0, (d.errors, r.errors)
+            d, r, _ = await alternate(session, upstream, router_proc, concurrency,
+                                      counts[concurrency] // rounds, rounds, MESSAGES)
             for name, q in (("p50", 0.5), ("p99", 0.99)):
                 dv, rv = pct(d.latencies, q), pct(r.latencies, q)
                 out.rows.append([f"/v1/messages latency {name}, {concurrency} clients",

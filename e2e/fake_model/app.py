@@ -138,6 +138,16 @@ def _loading() -> web.Response:
     return _error(503, "Loading model", "unavailable_error")
 
 
+async def _loaded_body(request: web.Request) -> tuple[ServerState, JsonObject] | web.Response:
+    """The server's state and the request's JSON object, or the error to answer instead: a
+    body that is no JSON object, or a model not loaded yet."""
+    loaded = await _loaded_body(request)
+    if isinstance(loaded, web.Response):
+        return loaded
+    state, body = loaded
+    return state, body
+
+
 async def _json_body(request: web.Request) -> JsonObject | web.Response:
     try:
         body = await request.json()
@@ -176,13 +186,11 @@ def _sse(payload: JsonObject | str) -> bytes:
 
 
 async def _completion(request: web.Request, kind: replies.Kind) -> web.StreamResponse:
-    state = request.app[STATE]
+    loaded = await _loaded_body(request)
+    if isinstance(loaded, web.Response):
+        return loaded
+    state, body = loaded
     settings = state.settings
-    body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
-    if not state.loaded:
-        return _loading()
     n_tokens = _max_tokens(body, settings.max_tokens_default)
     if n_tokens is None:
         return _error(400, "max_tokens must be a non-negative integer", "invalid_request_error")
@@ -224,19 +232,26 @@ async def _completion(request: web.Request, kind: replies.Kind) -> web.StreamRes
 async def _stream(
     request: web.Request, tokens_per_second: float, plan: replies.StreamPlan
 ) -> web.StreamResponse:
+    return await _write_stream(request, tokens_per_second, [_sse(e) for e in plan.opening],
+                               [_sse(e) for e in plan.tokens], [_sse(e) for e in plan.closing])
+
+
+async def _write_stream(request: web.Request, tokens_per_second: float, opening: list[bytes],
+                        tokens: list[bytes], closing: list[bytes]) -> web.StreamResponse:
+    """`opening` at once, one of `tokens` per token at the token rate, then `closing`."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
     try:
-        for event in plan.opening:
-            await response.write(_sse(event))
+        for event in opening:
+            await response.write(event)
         start = asyncio.get_running_loop().time()
-        for index, event in enumerate(plan.tokens):
+        for index, event in enumerate(tokens):
             await _pace(start, index, tokens_per_second)
-            await response.write(_sse(event))
-        for closing in plan.closing:
-            await response.write(_sse(closing))
+            await response.write(event)
+        for event in closing:
+            await response.write(event)
         await response.write_eof()
     except ConnectionResetError:
         logger.info("client went away during a stream")
@@ -252,12 +267,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
-    if not state.loaded:
-        return _loading()
+    loaded = await _loaded_body(request)
+    if isinstance(loaded, web.Response):
+        return loaded
+    state, body = loaded
     inputs = replies.embedding_inputs(body.get("input"))
     if inputs is None:
         return _error(400, "'input' must be a string or a list of strings", "invalid_request_error")
@@ -284,32 +297,18 @@ def _named_sse(name: str, payload: JsonObject) -> bytes:
 
 async def _events(request: web.Request, tokens_per_second: float,
                   plan: dialects.EventPlan) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    try:
-        for name, event in plan.opening:
-            await response.write(_named_sse(name, event))
-        start = asyncio.get_running_loop().time()
-        for index, (name, event) in enumerate(plan.tokens):
-            await _pace(start, index, tokens_per_second)
-            await response.write(_named_sse(name, event))
-        for name, event in plan.closing:
-            await response.write(_named_sse(name, event))
-        await response.write_eof()
-    except ConnectionResetError:
-        logger.info("client went away during a stream")
-    return response
+    return await _write_stream(request, tokens_per_second,
+                               [_named_sse(n, e) for n, e in plan.opening],
+                               [_named_sse(n, e) for n, e in plan.tokens],
+                               [_named_sse(n, e) for n, e in plan.closing])
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
     """The OpenAI Responses API: `input` (a string or a list of items) in, text out."""
-    state = request.app[STATE]
-    body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
-    if not state.loaded:
-        return _loading()
+    loaded = await _loaded_body(request)
+    if isinstance(loaded, web.Response):
+        return loaded
+    state, body = loaded
     if "input" not in body:
         return _error(400, "'input' is required", "invalid_request_error")
     value = body.get("max_output_tokens")
@@ -352,12 +351,10 @@ def _messages_prompt(body: JsonObject) -> int | web.Response:
 async def messages(request: web.Request) -> web.StreamResponse:
     """The Anthropic Messages API (`anthropic-version` and `anthropic-beta` are accepted and
     not needed, as llama-server does)."""
-    state = request.app[STATE]
-    body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
-    if not state.loaded:
-        return _loading()
+    loaded = await _loaded_body(request)
+    if isinstance(loaded, web.Response):
+        return loaded
+    state, body = loaded
     prompt_tokens = _messages_prompt(body)
     if isinstance(prompt_tokens, web.Response):
         return prompt_tokens
@@ -404,12 +401,10 @@ async def detokenize(request: web.Request) -> web.Response:
 
 
 async def rerank(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
-    if not state.loaded:
-        return _loading()
+    loaded = await _loaded_body(request)
+    if isinstance(loaded, web.Response):
+        return loaded
+    state, body = loaded
     query, documents, top_n = body.get("query"), body.get("documents"), body.get("top_n")
     if not isinstance(query, str):
         return _error(400, "'query' must be a string", "invalid_request_error")
