@@ -141,10 +141,12 @@ def _loading() -> web.Response:
 async def _loaded_body(request: web.Request) -> tuple[ServerState, JsonObject] | web.Response:
     """The server's state and the request's JSON object, or the error to answer instead: a
     body that is no JSON object, or a model not loaded yet."""
-    loaded = await _loaded_body(request)
-    if isinstance(loaded, web.Response):
-        return loaded
-    state, body = loaded
+    state = request.app[STATE]
+    body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    if not state.loaded:
+        return _loading()
     return state, body
 
 
