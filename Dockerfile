@@ -22,7 +22,6 @@ COPY . /src
 # A virtual environment without pip of its own, filled by the base's pip: the final stage
 # copies it whole, on the same base, and carries neither the sources nor a build tool.
 # Byte-compiled here: the pods' root filesystem is read-only.
-# hadolint ignore=SC2086
 RUN python3 -m venv --without-pip /opt/modelpool \
  && python3 -m pip --python /opt/modelpool/bin/python install ${PIP_OPTIONS} /src \
  && /opt/modelpool/bin/python -m compileall -q /opt/modelpool/lib \
