@@ -21,12 +21,15 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 COPY . /src
 # A virtual environment without pip of its own, filled by the base's pip: the final stage
 # copies it whole, on the same base, and carries neither the sources nor a build tool.
-# Byte-compiled here: the pods' root filesystem is read-only.
+# Byte-compiled here: the pods' root filesystem is read-only. Both programs must start, and
+# the reconciler find its templates (a router rendered from stdin).
 RUN python3 -m venv --without-pip /opt/modelpool \
  && python3 -m pip --python /opt/modelpool/bin/python install ${PIP_OPTIONS} /src \
  && /opt/modelpool/bin/python -m compileall -q /opt/modelpool/lib \
- && /opt/modelpool/bin/modelpool-reconciler --help >/dev/null \
- && /opt/modelpool/bin/modelpool-router --help >/dev/null
+ && /opt/modelpool/bin/modelpool-router --help >/dev/null \
+ && printf '%s\n' 'apiVersion: modelpool.dev/v1alpha1' 'kind: ModelRouter' \
+      'metadata: {name: r, namespace: n}' 'spec: {backends: [{name: b, url: "http://b"}]}' \
+    | /opt/modelpool/bin/modelpool-reconciler render - | grep -q 'modelpool-router'
 
 FROM ${BASE}
 ARG VERSION=0.0.0
