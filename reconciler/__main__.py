@@ -111,7 +111,8 @@ async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
         controller = Controller(kube, settings, metrics,
-                                Renderer(reconciler_namespace=settings.leader.namespace),
+                                Renderer(reconciler_namespace=settings.leader.namespace,
+                                         router_image=settings.router_image),
                                 probe, ready=synced)
 
         async def lead() -> None:

@@ -26,7 +26,13 @@ from reconciler.router_config import (
     readiness_path,
     router_config,
 )
-from reconciler.spec import API_VERSION, ModelPoolSpec, ModelRouterSpec, ModelServerSpec
+from reconciler.spec import (
+    API_VERSION,
+    DEFAULT_ROUTER_IMAGE,
+    ModelPoolSpec,
+    ModelRouterSpec,
+    ModelServerSpec,
+)
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
@@ -62,6 +68,8 @@ ROUTER_CONFIG_DIR = "/etc/modelpool/router"
 ROUTER_KEYS_DIR = "/etc/modelpool/router-keys"
 ROUTER_HTTP_PORT = 8080
 ROUTER_METRICS_PORT = 9090
+# The router's program in the product's image, whose entrypoint is the reconciler.
+ROUTER_COMMAND = ("modelpool-router",)
 
 # (apiVersion, kind) of everything each owner may render: what a pruner looks for.
 SERVER_KINDS: tuple[tuple[str, str], ...] = (
@@ -164,11 +172,15 @@ class Renderer:
     """Renders ModelServers and ModelRouters; build one at start and share it."""
 
     def __init__(self, templates_dir: Path | None = None,
-                 reconciler_namespace: str = DEFAULT_RECONCILER_NAMESPACE) -> None:
+                 reconciler_namespace: str = DEFAULT_RECONCILER_NAMESPACE,
+                 router_image: str = DEFAULT_ROUTER_IMAGE) -> None:
         """`reconciler_namespace` is where the reconciler's own pods run: a member's
-        NetworkPolicy admits its idle probe from there."""
+        NetworkPolicy admits its idle probe from there. `router_image` is what a router
+        runs unless its `spec.proxy.image` names another: the product's image, the one the
+        reconciler itself runs from."""
         self.templates_dir = templates_dir or DEFAULT_TEMPLATES_DIR
         self.reconciler_namespace = reconciler_namespace
+        self.router_image = router_image
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(self.templates_dir)),
             undefined=jinja2.StrictUndefined,
@@ -288,6 +300,8 @@ class Renderer:
         context = {
             "router": router,
             "name": router_object_name(router.name),
+            "image": router.proxy.image or self.router_image,
+            "command": list(ROUTER_COMMAND),
             "config_map": config_map_name(router.name),
             "config_key": CONFIG_KEY,
             "config_text": config_text,

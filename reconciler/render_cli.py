@@ -20,6 +20,7 @@ from reconciler.render import Renderer, RenderError
 from reconciler.router_config import pool_of
 from reconciler.spec import (
     API_VERSION,
+    DEFAULT_ROUTER_IMAGE,
     ModelPoolSpec,
     ModelRouterSpec,
     ModelServerSpec,
@@ -141,10 +142,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="namespace of objects that name none (default: default)",
     )
     parser.add_argument("--templates", type=Path, default=None, help="templates directory")
+    parser.add_argument(
+        "--router-image", default=DEFAULT_ROUTER_IMAGE,
+        help=f"image of the routers whose spec.proxy.image is unset (default: "
+        f"{DEFAULT_ROUTER_IMAGE})",
+    )
     opts = parser.parse_args(args)
     try:
         docs = _load(opts.files, sys.stdin)
-        objects = render_documents(docs, Renderer(opts.templates), opts.namespace)
+        renderer = Renderer(opts.templates, router_image=opts.router_image)
+        objects = render_documents(docs, renderer, opts.namespace)
     except (OSError, yaml.YAMLError, SpecError, RenderError) as e:
         print(f"render: {e}", file=sys.stderr)
         return 1

@@ -12,6 +12,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from reconciler.spec import DEFAULT_ROUTER_IMAGE
+
 
 @dataclass(frozen=True)
 class LeaderSettings:
@@ -46,6 +48,9 @@ class Settings:
     # ReplicaSet retried this often, instead of on the ReplicaSet controller's own
     # exponential backoff, which reaches minutes (`Controller._retry_creation`).
     create_retry_seconds: float = 10.0
+    # What every router runs unless its spec.proxy.image says otherwise: the base sets it
+    # to the reconciler's own image, so one kustomize `images:` entry moves both.
+    router_image: str = DEFAULT_ROUTER_IMAGE
     leader: LeaderSettings = field(default_factory=LeaderSettings)
     swap: SwapSettings = field(default_factory=SwapSettings)
 
@@ -65,6 +70,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a leader's Lease lasts unrenewed (renewed every third)")
     p.add_argument("--create-retry", type=float, default=10.0,
                    help="seconds between retries of a Deployment whose pods cannot be created")
+    p.add_argument("--router-image", default=None,
+                   help="image of the routers whose spec.proxy.image is unset (default: "
+                        f"MODELPOOL_ROUTER_IMAGE, else {DEFAULT_ROUTER_IMAGE})")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -81,6 +89,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         workers=max(1, args.workers),
         log_level=args.log_level,
         create_retry_seconds=max(1.0, args.create_retry),
+        router_image=(args.router_image or environ.get("MODELPOOL_ROUTER_IMAGE")
+                      or DEFAULT_ROUTER_IMAGE),
         leader=LeaderSettings(
             enabled=args.leader_elect,
             namespace=lease_namespace,

@@ -28,7 +28,10 @@ DEFAULT_PORT = 8080
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_MOUNT_PATH = "/models"
 DEFAULT_SWAP_BUDGET = "300s"
-DEFAULT_ROUTER_IMAGE = "modelpool/router:0.1.0"
+# The product's one image, holding both programs, as the base installs it (manifests/): the
+# router's image when neither the reconciler's setting (MODELPOOL_ROUTER_IMAGE, which the base
+# sets to the reconciler's own image) nor a router's spec.proxy.image names another.
+DEFAULT_ROUTER_IMAGE = "ghcr.io/modelpool/modelpool:0.1.0"
 DEFAULT_RESPONSE_HEADER_TIMEOUT = "600s"
 # After SIGTERM a router pod goes on accepting while kube-proxy catches up (see sidecar),
 # then gives its requests in flight the grace period; the kubelet waits for both and more.
@@ -441,7 +444,7 @@ def _check_fallbacks(backends: Sequence[RouterBackend]) -> None:
 @dataclass(frozen=True)
 class ProxySpec:
     replicas: int = 1
-    image: str = DEFAULT_ROUTER_IMAGE
+    image: str | None = None  # None: the reconciler's router image
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
@@ -554,7 +557,7 @@ class ModelRouterSpec:
             route_strategy=strategy,
             proxy=ProxySpec(
                 replicas=replicas,
-                image=_str(proxy, "image", at, DEFAULT_ROUTER_IMAGE) or DEFAULT_ROUTER_IMAGE,
+                image=_str(proxy, "image", at) or None,
                 node_selector=_str_map(proxy, "nodeSelector", at),
                 tolerations=_obj_list(proxy, "tolerations", at),
                 resources=dict(_obj(proxy, "resources", at)),

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Builds the project's images with e2e/kind/Dockerfile.python and side-loads them into the
-# kind cluster (`kind load docker-image`), so no pod ever pulls them:
+# Builds the images the kind cluster runs and side-loads them into it (`kind load
+# docker-image`), so no pod ever pulls them:
 #
-#   modelpool/reconciler, modelpool/router, modelpool/fake-model   the version of
-#       pyproject.toml (what manifests/ names) and `e2e` (what the e2e suite names)
+#   ghcr.io/modelpool/modelpool   the product's image (scripts/images, the Dockerfile at the
+#       top of the checkout), at the version of pyproject.toml: what manifests/ names; also
+#       tagged modelpool/reconciler and modelpool/router, at that version and `e2e` (what the
+#       e2e suite names)
+#   modelpool/fake-model          the fake model server (e2e/kind/Dockerfile.python), at the
+#                                 version and `e2e`
 #   modelpool/fake-gpu-plugin                                     the device plugin
 #
 # Dependencies are wheels built on this machine (pip reaches PyPI; a container may not),
@@ -90,8 +94,21 @@ build() {
   log "modelpool/$name:$version (and :e2e) built on $base"
 }
 
-build reconciler reconciler reconciler telemetry kubecore templates
-build router sidecar sidecar telemetry kubecore
+# The product's image, as a release builds it; its wheels from this machine where the
+# build's containers reach no package index (the offline Debian root).
+build_product() {
+  local options=(--base "$base") built
+  [[ $base == modelpool/debian-root:* ]] && options+=(--host-wheels)
+  built="$(bash "$root/scripts/images" "${options[@]}" | sed -n 1p)"
+  local name
+  for name in reconciler router; do
+    docker tag "$built" "modelpool/$name:$version"
+    docker tag "$built" "modelpool/$name:e2e"
+  done
+  product_image="$built"
+  log "$built (and modelpool/reconciler, modelpool/router at $version and e2e) built on $base"
+}
+build_product
 build fake-model e2e.fake_model e2e/__init__.py e2e/fake_model
 build fake-gpu-plugin e2e.device_plugin e2e/__init__.py e2e/device_plugin
 
@@ -152,7 +169,7 @@ DOCKERFILE
 build_kube_router
 
 # One load of them all: their shared layers cross to each node once.
-images=()
+images=("$product_image")
 for name in reconciler router fake-model fake-gpu-plugin llama-server; do
   images+=("modelpool/$name:$version" "modelpool/$name:e2e")
 done

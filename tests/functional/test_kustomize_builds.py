@@ -73,7 +73,7 @@ def test_image_overlays(overlay: str, policy: str) -> None:
     assert {(o["kind"], o["metadata"]["name"]) for o in objects} == BASE_OBJECTS
     deploy = _find(objects, "Deployment", "modelpool-reconciler")
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "modelpool/reconciler:0.1.0"
+    assert container["image"] == "ghcr.io/modelpool/modelpool:0.1.0"
     assert container["imagePullPolicy"] == policy
 
 

@@ -493,7 +493,6 @@ def test_valid_objects_get_the_defaults_spec_py_assumes(
     assert router["routeStrategy"] == "BackendNameMatch"
     assert router["proxy"] == {
         "replicas": 1,
-        "image": "modelpool/router:0.1.0",
         "port": 8080,
         "responseHeaderTimeout": "600s",
         "maxHeldRequests": 1000,

@@ -225,7 +225,8 @@ def test_design_defaults() -> None:
     assert router["routeStrategy"]["default"] == "BackendNameMatch"
     proxy = router["proxy"]["properties"]
     assert proxy["replicas"]["default"] == 1
-    assert proxy["image"]["default"] == "modelpool/router:0.1.0"
+    # No default: an unset image is the reconciler's router image (MODELPOOL_ROUTER_IMAGE).
+    assert "default" not in proxy["image"]
     assert proxy["port"]["default"] == 8080
     assert proxy["responseHeaderTimeout"]["default"] == "600s"
     assert proxy["shutdownDelay"]["default"] == "5s"
@@ -277,12 +278,14 @@ def test_reconciler_deployment() -> None:
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "modelpool-reconciler"
     (c,) = pod["containers"]
-    assert c["image"] == "modelpool/reconciler:0.1.0"
+    assert c["image"] == "ghcr.io/modelpool/modelpool:0.1.0"
     assert c["args"] == ["run", "--leader-elect"]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
-    assert {e["name"] for e in c["env"]} == {"POD_NAME", "POD_NAMESPACE"}
+    assert {e["name"] for e in c["env"]} == {"POD_NAME", "POD_NAMESPACE", "MODELPOOL_ROUTER_IMAGE"}
+    # The routers run the reconciler's own image.
+    assert {"name": "MODELPOOL_ROUTER_IMAGE", "value": c["image"]} in c["env"]
     _assert_restricted(pod, "modelpool-reconciler")
 
 

@@ -48,6 +48,24 @@ def test_known_images_map_to_programs(image: str, program: tuple[str, ...]) -> N
     assert program_for(image) == program
 
 
+@pytest.mark.parametrize(
+    ("image", "command", "program"),
+    [
+        # The product's image: the reconciler is its entrypoint, the router a command.
+        ("ghcr.io/modelpool/modelpool:0.1.0", (), ("-m", "reconciler")),
+        ("ghcr.io/modelpool/modelpool:0.1.0", ("modelpool-router",), ("-m", "sidecar")),
+        ("ghcr.io/modelpool/modelpool:0.1.0", ("modelpool-reconciler",), ("-m", "reconciler")),
+        ("modelpool/router:e2e", ("/opt/modelpool/bin/modelpool-router",), ("-m", "sidecar")),
+        ("vllm/vllm-openai:latest", ("python3", "-m", "vllm"), ("-m", "e2e.fake_model",
+                                                                "--mode", "vllm")),
+    ],
+)
+def test_a_product_command_picks_the_program(
+    image: str, command: tuple[str, ...], program: tuple[str, ...]
+) -> None:
+    assert program_for(image, command) == program
+
+
 @pytest.mark.parametrize("image", ["busybox", "nginx:1", "ggml-org/whisper.cpp", "modelpool"])
 def test_unknown_images_have_no_program(image: str) -> None:
     assert program_for(image) is None

@@ -422,7 +422,8 @@ def test_router_deployment() -> None:
     assert pod["nodeSelector"] == {"role": "edge"}
     (c,) = pod["containers"]
     assert c["name"] == "router"
-    assert c["image"] == "modelpool/router:0.1.0"
+    assert c["image"] == "ghcr.io/modelpool/modelpool:0.1.0"
+    assert c["command"] == ["modelpool-router"]
     assert c["args"] == ["--config", "/etc/modelpool/router/config.json",
                          "--config-map", "chat-config",
                          "--shutdown-delay", "5", "--shutdown-grace", "25"]

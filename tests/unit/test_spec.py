@@ -234,7 +234,8 @@ def test_router_defaults() -> None:
     assert router.default_route is None
     assert router.route_strategy == "BackendNameMatch"
     proxy = router.proxy
-    assert (proxy.replicas, proxy.image, proxy.port) == (1, "modelpool/router:0.1.0", 8080)
+    # No image: the reconciler's router image (reconciler.settings), not a default of its own.
+    assert (proxy.replicas, proxy.image, proxy.port) == (1, None, 8080)
     assert proxy.response_header_timeout_seconds == 600.0
     assert proxy.max_held_requests == 1000
     assert dict(proxy.node_selector) == {} and proxy.tolerations == ()

@@ -35,6 +35,8 @@ the agent's own interpreter (`sys.executable`):
     ggml-org/llama.cpp         python -m e2e.fake_model --mode llamacpp
     modelpool/llama-server     python -m e2e.llama.serve  (the real llama-server)
     vllm/vllm-openai           python -m e2e.fake_model --mode vllm
+    modelpool/modelpool        python -m reconciler  (the product's image; with the
+                               command modelpool-router: python -m sidecar)
     modelpool/router           python -m sidecar
     modelpool/reconciler       python -m reconciler
     modelpool/testbed-client   python -m e2e.local.node_agent.client  (test-only)

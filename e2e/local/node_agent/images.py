@@ -8,7 +8,8 @@ real cluster (`ghcr.io/ggml-org/llama.cpp:server-cuda`) run here unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 
 # Image repository -> the interpreter arguments that start its stand-in.
 PROGRAMS: Mapping[str, tuple[str, ...]] = {
@@ -19,6 +20,8 @@ PROGRAMS: Mapping[str, tuple[str, ...]] = {
     "ggml-org/llama.cpp": ("-m", "e2e.fake_model", "--mode", "llamacpp"),
     "modelpool/llama-server": ("-m", "e2e.llama.serve"),
     "vllm/vllm-openai": ("-m", "e2e.fake_model", "--mode", "vllm"),
+    # The product's image: its entrypoint is the reconciler (PRODUCT_COMMANDS: the router).
+    "modelpool/modelpool": ("-m", "reconciler"),
     "modelpool/router": ("-m", "sidecar"),
     "modelpool/reconciler": ("-m", "reconciler"),
     # Test-only: lists or gets an object kind with the pod's own credentials.
@@ -41,6 +44,17 @@ def image_repository(image: str) -> str:
     return "/".join(parts)
 
 
-def program_for(image: str) -> tuple[str, ...] | None:
-    """The interpreter arguments for an image, or None when no program stands in for it."""
+# The product's commands: a container whose command names one runs that program, whichever
+# image it names (the router is the product's image with the command modelpool-router).
+PRODUCT_COMMANDS: Mapping[str, tuple[str, ...]] = {
+    "modelpool-reconciler": ("-m", "reconciler"),
+    "modelpool-router": ("-m", "sidecar"),
+}
+
+
+def program_for(image: str, command: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The interpreter arguments for a container's image and command, or None when no
+    program stands in for it."""
+    if command and PurePosixPath(command[0]).name in PRODUCT_COMMANDS:
+        return PRODUCT_COMMANDS[PurePosixPath(command[0]).name]
     return PROGRAMS.get(image_repository(image))

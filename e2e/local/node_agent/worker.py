@@ -222,7 +222,8 @@ class PodWorker:
         self, side: asyncio.TaskGroup, side_tasks: list[asyncio.Task[None]]
     ) -> None:
         settings = self.context.settings
-        unknown = [c for c in self.all_containers() if program_for(c["image"]) is None]
+        unknown = [c for c in self.all_containers()
+                   if program_for(c["image"], c.get("command") or ()) is None]
         if unknown:
             self._fail_unknown_images(unknown)
             await self.terminate.wait()
@@ -349,7 +350,7 @@ class PodWorker:
     async def _command(self, container: Json) -> tuple[list[str], dict[str, str]]:
         settings = self.context.settings
         name = container["name"]
-        program = program_for(container["image"])
+        program = program_for(container["image"], container.get("command") or ())
         assert program is not None  # unknown images never reach here
         injected = {"MODELPOOL_BIND_HOST": self.pod_ip, "HOSTNAME": self.name}
         if name in self.gpus:

@@ -1,0 +1,113 @@
+"""scripts/images, against a stand-in for docker that records what it is asked.
+
+The script runs in a copy of what it reads (pyproject.toml, the base's Deployment, itself)
+made a git repository, so its tags, build arguments, pushes and the digest file it writes
+can be checked here, where no registry runs; the real build is scripts/images itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from reconciler.spec import DEFAULT_ROUTER_IMAGE
+from tests.unit.test_manifests import ROOT
+
+pytestmark = pytest.mark.functional
+
+DIGEST = "sha256:" + "5e" * 32
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+# docker without buildx: `build` and `push` are logged; `image inspect` answers the digest
+# of what was pushed, as the engine's RepoDigests would.
+FAKE_DOCKER = f"""#!/usr/bin/env bash
+echo "$*" >> "$DOCKER_LOG"
+case "$1" in
+  buildx) exit 1 ;;
+  image) printf 'other.example/x@sha256:{"0" * 64}\\n%s@{DIGEST}\\n' "$PUSHED_REPO" ;;
+esac
+"""
+
+
+def _checkout(tmp_path: Path) -> Path:
+    repo = tmp_path / "checkout"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "manifests").mkdir()
+    shutil.copy(ROOT / "scripts" / "images", repo / "scripts" / "images")
+    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
+    shutil.copy(ROOT / "manifests" / "deployment.yaml", repo / "manifests" / "deployment.yaml")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    return repo
+
+
+def _run(
+    tmp_path: Path, repo: Path, *args: str, pushed: str = ""
+) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    docker = bin_dir / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "DOCKER_LOG": str(tmp_path / "docker.log"), "PUSHED_REPO": pushed}
+    env.pop("MODELPOOL_PYTHON_BASE", None)
+    return subprocess.run([str(repo / "scripts" / "images"), *args], capture_output=True,
+                          text=True, timeout=60, check=False, env=env, cwd=tmp_path)
+
+
+def _revision(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_a_local_build_takes_the_bases_name_the_version_and_the_revision(
+    tmp_path: Path,
+) -> None:
+    repo = _checkout(tmp_path)
+    result = _run(tmp_path, repo, "--base", "local/python:3.11")
+    assert result.returncode == 0, result.stderr
+    revision = _revision(repo)
+    base_repo = DEFAULT_ROUTER_IMAGE.rsplit(":", 1)[0]
+    assert result.stdout.split() == [f"{base_repo}:{VERSION}", f"{base_repo}:{revision[:12]}"]
+    (build,) = [line for line in (tmp_path / "docker.log").read_text().splitlines()
+                if line.startswith("build ")]
+    for arg in (f"VERSION={VERSION}", f"REVISION={revision}", "BASE=local/python:3.11",
+                f"-t {base_repo}:{VERSION}", f"-t {base_repo}:{revision[:12]}", "-f Dockerfile"):
+        assert arg in build
+    assert not (repo / "dist" / "images.txt").exists()
+
+
+def test_push_tags_for_the_registry_pushes_both_and_records_the_digest(tmp_path: Path) -> None:
+    repo = _checkout(tmp_path)
+    result = _run(tmp_path, repo, "--push", "localhost:5000/", pushed="localhost:5000/modelpool")
+    assert result.returncode == 0, result.stderr
+    revision = _revision(repo)[:12]
+    log = (tmp_path / "docker.log").read_text().splitlines()
+    assert f"push -q localhost:5000/modelpool:{VERSION}" in log
+    assert f"push -q localhost:5000/modelpool:{revision}" in log
+    base_repo = DEFAULT_ROUTER_IMAGE.rsplit(":", 1)[0]
+    assert (repo / "dist" / "images.txt").read_text() == (
+        f"{base_repo}=localhost:5000/modelpool@{DIGEST}\n")
+
+
+def test_a_changed_checkout_says_so_in_its_revision(tmp_path: Path) -> None:
+    repo = _checkout(tmp_path)
+    with (repo / "pyproject.toml").open("a") as f:
+        f.write("\n")
+    result = _run(tmp_path, repo)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[1].endswith("-dirty")
+
+
+def test_several_platforms_need_buildx(tmp_path: Path) -> None:
+    result = _run(tmp_path, _checkout(tmp_path), "--platform", "linux/amd64,linux/arm64")
+    assert result.returncode != 0
+    assert "buildx" in result.stderr
