@@ -111,3 +111,48 @@ def test_several_platforms_need_buildx(tmp_path: Path) -> None:
     result = _run(tmp_path, _checkout(tmp_path), "--platform", "linux/amd64,linux/arm64")
     assert result.returncode != 0
     assert "buildx" in result.stderr
+
+
+# python3 whose pip only writes a wheel per requirement and logs the call; the rest is the
+# real interpreter (the script reads pyproject.toml with it).
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [[ "$1 $2" == "-m pip" ]]; then
+  echo "$*" >> "$PIP_LOG"
+  dir=""; prev=""
+  for a in "$@"; do
+    [[ $prev == --wheel-dir || $prev == --dest ]] && dir="$a"
+    prev="$a"
+  done
+  touch "$dir/dep-$RANDOM-py3-none-any.whl"
+  exit 0
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def test_host_wheels_are_built_once_and_a_clean_clone_reuses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--host-wheels` keeps the dependencies' wheels outside the checkout, keyed by the
+    dependency list: a second clean checkout copies them into its build without pip."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    monkeypatch.setenv("REAL_PYTHON", shutil.which("python3") or "python3")
+    monkeypatch.setenv("PIP_LOG", str(tmp_path / "pip.log"))
+    monkeypatch.setenv("MODELPOOL_CACHE", str(tmp_path / "cache"))
+    for clone in ("one", "two"):
+        repo = _checkout(tmp_path / clone)
+        result = _run(tmp_path, repo, "--host-wheels")
+        assert result.returncode == 0, result.stderr
+        wheels = sorted(p.name for p in (repo / "dist" / "wheels").glob("*.whl"))
+        assert len(wheels) == 2, wheels  # the dependencies', and setuptools' for the build
+    pip_calls = (tmp_path / "pip.log").read_text().splitlines()
+    assert [c.split()[2] for c in pip_calls] == ["wheel", "download"]  # the first clone's
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert all(d in pip_calls[0] for d in deps)
+    build = [line for line in (tmp_path / "docker.log").read_text().splitlines()
+             if line.startswith("build ")][-1]
+    assert "PIP_OPTIONS=--no-index --find-links /src/dist/wheels" in build
