@@ -27,6 +27,13 @@ POOL, ROUTER, KEY = "slot", "agents", "sk-modelpool-e2e"
 ASK: Any = [{"role": "user", "content": "the pool"}]
 
 
+async def swapped(kubectl: Kubectl, ns: str, member: str) -> float:
+    """The swaps to `member` once the pool says it is done: the router sends a held request
+    on the target's first ready answer, before the reconciler ends the swap and counts it."""
+    await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, POOL, member, 60.0)
+    return swaps_to(kubectl, ns, member)
+
+
 def get(url: str, key: str | None) -> tuple[int, Any]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key
                                      else {})
@@ -66,7 +73,7 @@ async def test_responses_messages_audio_and_the_upstream_door_through_swaps(
                                            max_output_tokens=5)
         assert answer.status == "completed" and answer.output_text
         assert answer.usage is not None and answer.usage.output_tokens == 5
-        assert swaps_to(kubectl, ns, "gemma") == before + 1
+        assert await swapped(kubectl, ns, "gemma") == before + 1
 
         # Responses, streamed, while gemma is resident: a swap back to beta.
         before = swaps_to(kubectl, ns, "beta")
@@ -75,14 +82,14 @@ async def test_responses_messages_audio_and_the_upstream_door_through_swaps(
         kinds = [event.type async for event in stream]
         assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
         assert kinds.count("response.output_text.delta") == 4, kinds
-        assert swaps_to(kubectl, ns, "beta") == before + 1
+        assert await swapped(kubectl, ns, "beta") == before + 1
 
         # Messages, plain, while beta is resident.
         before = swaps_to(kubectl, ns, "gemma")
         message = await an.messages.create(model="gemma", max_tokens=5, messages=ASK)
         assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 5
         assert message.content[0].type == "text" and message.content[0].text
-        assert swaps_to(kubectl, ns, "gemma") == before + 1
+        assert await swapped(kubectl, ns, "gemma") == before + 1
 
         # Messages, streamed, while gemma is resident.
         before = swaps_to(kubectl, ns, "beta")
@@ -90,7 +97,7 @@ async def test_responses_messages_audio_and_the_upstream_door_through_swaps(
             text = "".join([piece async for piece in streamed.text_stream])
             final = await streamed.get_final_message()
         assert text and final.content[0].type == "text" and final.content[0].text == text
-        assert swaps_to(kubectl, ns, "beta") == before + 1
+        assert await swapped(kubectl, ns, "beta") == before + 1
 
         counted = await an.messages.count_tokens(model="beta", messages=ASK)
         assert counted.input_tokens > 0
