@@ -180,11 +180,12 @@ def plan(pytest_args: Sequence[str]) -> list[Stage]:
         *stages,
         Stage(COLLECT, (PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"),
               Budget(60, 60), quiet=True),
-        # The computing tests yield the CPUs to the builds on the way to kind.
-        pytest_stage("host tests", "host", "none", (), Budget(420, 300), nice=5),
+        # The computing tests yield the CPUs to the builds on the way to kind and to the two
+        # lanes of the testbeds, the run's longest: they end well before those.
+        pytest_stage("host tests", "host", "none", (), Budget(600, 420), nice=15),
         pytest_stage("host tests needing builds", "host", "only", ("llama-server",),
-                     Budget(60, 60), after=("host tests",)),
-        pytest_stage("local tests", "local", "none", ("control plane",), Budget(900, 900)),
+                     Budget(90, 90), after=("host tests",), nice=15),
+        pytest_stage("local tests", "local", "none", ("control plane",), Budget(1020, 1020)),
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
                      Budget(180, 180), after=("local tests",)),
         pytest_stage("kind tests", "kind", "none", ("kind",), Budget(720, 720)),
