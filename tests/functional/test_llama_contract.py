@@ -81,18 +81,26 @@ async def real_server(model: Path, log: Path) -> AsyncIterator[Server]:
         await process.wait()
 
 
-@pytest.fixture(params=["fake", "real"])
-async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Server]:
-    model = models.write_model(tmp_path / "models", NAME)
-    if request.param == "real":
-        async with real_server(model, tmp_path / "llama-server.log") as real:
+@contextlib.asynccontextmanager
+async def started(kind: str, where: Path) -> AsyncIterator[Server]:
+    """The real llama-server or the fake in llama.cpp mode, serving a model written in
+    `where`."""
+    model = models.write_model(where / "models", NAME)
+    if kind == "real":
+        async with real_server(model, where / "llama-server.log") as real:
             yield real
         return
     async with run_fake_model("--mode", "llamacpp", "--model", str(model), "-c", "2048",
                               "-np", str(SLOTS), "--tokens-per-second", "5000",
-                              log_path=tmp_path / "fake.log") as fake:
+                              log_path=where / "fake.log") as fake:
         await _healthy(fake.base_url, None)
         yield Server("fake", fake.base_url, str(model))
+
+
+@pytest.fixture(params=["fake", "real"])
+async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Server]:
+    async with started(request.param, tmp_path) as running:
+        yield running
 
 
 def client(server: Server) -> openai.AsyncOpenAI:

@@ -15,9 +15,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from e2e.fake_model.harness import run_fake_model
-from e2e.llama import models
-from tests.functional.test_llama_contract import NAME, SLOTS, Server, _healthy, real_server
+from tests.functional.test_llama_contract import NAME, Server, started
 
 pytestmark = [pytest.mark.functional, pytest.mark.build("llama-server"),
               pytest.mark.asyncio(loop_scope="module")]
@@ -29,16 +27,9 @@ async def server(request: pytest.FixtureRequest,
     """The servers of the contract of the OpenAI endpoints, the fake and the real one, each
     started once for this module: these tests only read from them."""
     where = tmp_path_factory.mktemp(f"apis-{request.param}")
-    model = models.write_model(where / "models", NAME)
-    if request.param == "real":
-        async with real_server(model, where / "llama-server.log") as real:
-            yield real
-        return
-    async with run_fake_model("--mode", "llamacpp", "--model", str(model), "-c", "2048",
-                              "-np", str(SLOTS), "--tokens-per-second", "5000",
-                              log_path=where / "fake.log") as fake:
-        await _healthy(fake.base_url, None)
-        yield Server("fake", fake.base_url, str(model))
+    async with started(request.param, where) as running:
+        yield running
+
 
 RESPONSE_EVENTS_BEFORE = ["response.created", "response.in_progress",
                           "response.output_item.added", "response.content_part.added"]
