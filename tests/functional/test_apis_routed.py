@@ -8,7 +8,6 @@ sent to a member. The activator is the url-only stand-in: `held` is held until
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import anthropic
+import httpx
 import openai
 import pytest
 from aiohttp import web
@@ -27,7 +27,13 @@ from sidecar.app import Live, make_app
 from sidecar.auth import parse_keys
 from sidecar.config import parse_config
 from sidecar.metrics import RouterMetrics
-from tests.functional.proxy_support import StandInActivation, config_json, serve_app, url_backend
+from tests.functional.proxy_support import (
+    StandInActivation,
+    config_json,
+    serve_app,
+    until,
+    url_backend,
+)
 
 pytestmark = pytest.mark.functional
 
@@ -153,7 +159,7 @@ async def test_a_held_messages_stream_waits_with_comments_then_streams(router: R
     async with router.anthropic() as client, client.messages.stream(
             model="held", max_tokens=3, messages=ASK) as stream:
         # Its 200 and the keep-alive comments go out while it is held.
-        await asyncio.wait_for(_until(lambda: router.activation.progress_asked >= 1), 10)
+        await until(lambda: router.activation.progress_asked >= 1)
         router.activation.release()
         final = await stream.get_final_message()
     assert final.content[0].type == "text" and final.content[0].text == "the pool shares"
@@ -166,8 +172,7 @@ async def test_a_held_messages_stream_refused_after_its_200_ends_with_an_error_e
         with pytest.raises(anthropic.APIStatusError) as ended:
             async with client.messages.stream(model="held", max_tokens=3,
                                               messages=ASK) as stream:
-                await asyncio.wait_for(_until(lambda: router.activation.progress_asked >= 1),
-                                       10)
+                await until(lambda: router.activation.progress_asked >= 1)
                 await router.activation.shutdown(retry_after=3.0)
                 await stream.get_final_message()
     assert "shutting down" in str(ended.value)
@@ -179,7 +184,7 @@ async def test_a_held_responses_stream_refused_after_its_200_ends_with_an_error_
     async with router.openai() as client:
         stream = await client.responses.create(model="held", input="x", max_output_tokens=2,
                                                stream=True)
-        await asyncio.wait_for(_until(lambda: router.activation.progress_asked >= 1), 10)
+        await until(lambda: router.activation.progress_asked >= 1)
         await router.activation.shutdown(retry_after=3.0)
         events = [event async for event in stream]
     assert [e.type for e in events] == ["error"]
@@ -247,7 +252,6 @@ async def test_a_request_with_no_model_goes_to_the_default_route(router: Router)
 
 
 def _form(fields: dict[str, str]) -> tuple[bytes, str]:
-    import httpx
     request = httpx.Request("POST", "http://x/", data=fields,
                             files={"file": ("a.wav", b"RIFF")})
     return request.read(), request.headers["content-type"]
@@ -299,8 +303,3 @@ async def test_bad_input_is_a_4xx_in_the_callers_dialect_and_reaches_no_member(
         assert (await r.json())["error"]["type"] == "invalid_request_error"
 
     assert router.echo.received == []
-
-
-async def _until(condition: Any) -> None:
-    while not condition():  # noqa: ASYNC110  (a count of the stand-in's: no event to wait on)
-        await asyncio.sleep(0.01)
