@@ -10,9 +10,10 @@ Every test belongs to exactly one lane, by where it runs:
   (`e2e.testbeds.chosen()`), which `scripts/test` makes kind.
 
 A test that needs something built beyond what its lane starts with carries
-`pytest.mark.build("NAME")` (llama-server, flux, prometheus, argocd): `--builds=none` leaves
-it out and `--builds=only` runs only such tests, so a lane starts while those builds go on
-and runs them after. Without `--lane` and `--builds`, every test is selected, as before.
+`pytest.mark.build("NAME")` (llama-server, flux, prometheus, registry, argocd):
+`--builds=none` leaves it out and `--builds=only` runs only such tests, so a lane starts
+while those builds go on and runs them after. Without `--lane` and `--builds`, every test
+is selected, as before.
 
 `pytest --lane X` for each lane, once with `--builds=none` and once with `--builds=only`,
 selects every collected test exactly once: tests/unit/test_lanes.py holds that.

@@ -160,7 +160,8 @@ def builds() -> list[Stage]:
               warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
         build("flux", "e2e/flux/build.sh", Budget(780, 10), ("kind",)),
         build("prometheus", "e2e/prometheus/build.sh", Budget(150, 10), ("flux",)),
-        build("argocd", "e2e/argocd/build.sh", Budget(390, 10), ("prometheus",)),
+        build("registry", "e2e/registry/build.sh", Budget(240, 10), ("prometheus",)),
+        build("argocd", "e2e/argocd/build.sh", Budget(390, 10), ("registry",)),
     ]
 
 
@@ -189,8 +190,8 @@ def plan(pytest_args: Sequence[str]) -> list[Stage]:
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
                      Budget(180, 180), after=("local tests",)),
         pytest_stage("kind tests", "kind", "none", ("kind",), Budget(720, 720)),
-        pytest_stage("kind tests needing builds", "kind", "only", ("flux", "prometheus"),
-                     Budget(330, 330), after=("kind tests",)),
+        pytest_stage("kind tests needing builds", "kind", "only",
+                     ("flux", "prometheus", "registry"), Budget(480, 480), after=("kind tests",)),
     ]
 
 

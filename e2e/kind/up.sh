@@ -69,11 +69,16 @@ kubeadmConfigPatches:
 fi
 
 config="$CACHE/kind/$cluster.config.yaml"
+CERTS_D=/etc/containerd/certs.d
 mkdir -p "$(dirname "$config")" "$(dirname "$kubeconfig")"
 cat >"$config" <<EOF
 # written by e2e/kind/up.sh
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
+containerdConfigPatches:
+- |-
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$CERTS_D"
 networking:
   disableDefaultCNI: $([[ $cni == flannel ]] && echo true || echo false)
   podSubnet: 10.244.0.0/16
@@ -115,6 +120,16 @@ if ! kind_ get clusters 2>/dev/null | grep -qx "$cluster"; then
     --image "$node_image" --kubeconfig "$kubeconfig" --wait 0s
 fi
 kind_ get kubeconfig --name "$cluster" >"$kubeconfig"
+# Each node's containerd takes a registry's hosts from $CERTS_D (a directory per registry,
+# as e2e/registry/ writes for the test that installs from pushed images). A cluster made
+# before its config said so gets the line and a containerd restart, once; running
+# containers outlive it.
+for node in $(kind_ get nodes --name "$cluster"); do
+  if ! docker exec "$node" grep -q "config_path *= *\"$CERTS_D\"" /etc/containerd/config.toml; then
+    log "$node: containerd reads registry hosts from $CERTS_D (restarting containerd once)"
+    docker exec "$node" sh -c "printf '\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"$CERTS_D\"\n' >>/etc/containerd/config.toml && systemctl restart containerd"
+  fi
+done
 stage "kind create cluster"
 
 if [[ $cni == flannel ]]; then

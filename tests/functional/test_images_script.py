@@ -98,6 +98,16 @@ def test_push_tags_for_the_registry_pushes_both_and_records_the_digest(tmp_path:
         f"{base_repo}=localhost:5000/modelpool@{DIGEST}\n")
 
 
+def test_record_puts_the_digest_where_it_is_told(tmp_path: Path) -> None:
+    repo = _checkout(tmp_path)
+    record = tmp_path / "elsewhere" / "pushed.txt"
+    result = _run(tmp_path, repo, "--push", "localhost:5000", "--record", str(record),
+                  pushed="localhost:5000/modelpool")
+    assert result.returncode == 0, result.stderr
+    assert record.read_text().endswith(f"=localhost:5000/modelpool@{DIGEST}\n")
+    assert not (repo / "dist" / "images.txt").exists()
+
+
 def test_a_changed_checkout_says_so_in_its_revision(tmp_path: Path) -> None:
     repo = _checkout(tmp_path)
     with (repo / "pyproject.toml").open("a") as f:

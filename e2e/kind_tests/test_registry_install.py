@@ -1,0 +1,148 @@
+"""A cluster installs modelpool from a registry, as a user's does from a release.
+
+A registry (distribution v3, e2e/registry/) runs on this machine; `scripts/images --push`
+builds the product's image and pushes it there; `scripts/release-manifest` writes the
+install pinned to the digest pushed; the kind nodes' containerd is told to pull
+`localhost:PORT/...` from this machine; `kubectl apply --server-side -f install.yaml`. The
+reconciler and the router it renders then run the pulled image (nothing of it side-loaded
+under that name), the examples-testbed pool serves and swaps through that router, `crictl
+images` on the nodes lists the image under the registry's name and the registry's log shows
+the nodes fetching its manifest. Afterwards the cluster goes back to the install of
+e2e/kind/up.sh (overlays/kind), as every other test expects it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from e2e import harness
+from e2e.local.fixtures import Kubectl
+from e2e.local.paths import REPO_ROOT
+from e2e.registry import serve
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.build("registry")]
+
+SYSTEM = harness.SYSTEM_NAMESPACE
+RECONCILER = harness.RECONCILER
+
+
+def script(*argv: str, timeout: float = 300) -> str:
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}"
+    print(f"{Path(argv[1] if argv[0] == 'bash' else argv[0]).name}: "
+          f"{time.monotonic() - started:.1f}s")
+    return done.stdout
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[serve.Registry]:
+    binary = Path(script("bash", str(REPO_ROOT / "e2e/registry/build.sh")).splitlines()[-1])
+    with serve.running(binary, tmp_path / "registry") as running:
+        yield running
+
+
+@pytest.fixture
+def nodes(kind_kubectl: Kubectl) -> list[str]:
+    got = kind_kubectl.json("get", "nodes")["items"]
+    return sorted(n["metadata"]["name"] for n in got)
+
+
+@pytest.fixture
+def pulling(kind_kubectl: Kubectl, registry: serve.Registry,
+            nodes: list[str]) -> Iterator[list[str]]:
+    """The nodes pull `localhost:PORT/...` from the registry; yields a list the test puts
+    the pulled references into. Afterwards: the install of e2e/kind/up.sh again, the pulled
+    images gone from the nodes, the nodes' hosts file gone."""
+    serve.mirror_on_nodes(registry, nodes, f"{serve.gateway()}:{registry.port}")
+    pulled: list[str] = []
+    yield pulled
+    kind_kubectl("apply", "--server-side", "--force-conflicts", "-k",
+                 str(REPO_ROOT / "overlays" / "kind"), timeout=120)
+    kind_kubectl("-n", SYSTEM, "rollout", "status", f"deployment/{RECONCILER}",
+                 "--timeout=180s", timeout=200)
+    for node in nodes:
+        for image in pulled:
+            subprocess.run(["docker", "exec", node, "crictl", "rmi", image],
+                           capture_output=True, check=False)
+    serve.unmirror_on_nodes(registry, nodes)
+
+
+def crictl_images(node: str) -> str:
+    return subprocess.run(["docker", "exec", node, "crictl", "images", "--digests"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[tuple[str, str]]:
+    """(image the spec names, imageID the kubelet reports: the reference it pulled by
+    digest) of each ready container of the pods `selector` picks."""
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    out = []
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp") is not None:
+            continue
+        spec = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+        out += [(spec[s["name"]], s.get("imageID", ""))
+                for s in (pod.get("status") or {}).get("containerStatuses") or []
+                if s.get("ready")]
+    return out
+
+
+def test_an_install_from_pushed_images_serves_and_swaps(
+    kind_kubectl: Kubectl, restricted_namespace: str, tmp_path: Path,
+    registry: serve.Registry, nodes: list[str], pulling: list[str],
+) -> None:
+    kubectl, ns = kind_kubectl, restricted_namespace
+    try:
+        base = script("bash", str(REPO_ROOT / "e2e/kind/base-image.sh")).splitlines()[-1]
+        images_file, install = tmp_path / "images.txt", tmp_path / "install.yaml"
+        push = [str(REPO_ROOT / "scripts/images"), "--push", registry.name, "--base", base,
+                "--record", str(images_file)]
+        if base.startswith("modelpool/debian-root:"):
+            push.append("--host-wheels")  # the offline root reaches no package index
+        script(*push, timeout=600)
+        script(str(REPO_ROOT / "scripts/release-manifest"), "--images", str(images_file),
+               "--out", str(install))
+        pinned = images_file.read_text().strip().split("=", 1)[1]
+        assert pinned.startswith(f"{registry.name}/modelpool@sha256:"), pinned
+        digest = pinned.split("@", 1)[1]
+        pulling.append(pinned)
+
+        # The user's command, as docs/install.md gives it. --force-conflicts: the fields
+        # up.sh's install set are taken over, as an upgrade over another installer would.
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(install), timeout=120)
+        kubectl("-n", SYSTEM, "rollout", "status", f"deployment/{RECONCILER}",
+                "--timeout=180s", timeout=200)
+        reconciler = pod_images(kubectl, SYSTEM, "app.kubernetes.io/name=modelpool-reconciler")
+        assert reconciler and all(image == pinned == pulled
+                                  for image, pulled in reconciler), reconciler
+
+        harness.apply_examples(kubectl, ns, harness.EXAMPLES_TESTBED)
+        harness.wait_pool_ready(kubectl, ns, "gpu0", resident="gemma", within=120)
+        (router,) = harness.wait_router_ready(kubectl, ns, "chat", within=120)
+        routers = pod_images(kubectl, ns, f"{harness.LABEL_ROUTER}=chat")
+        assert routers and all(image == pinned == pulled for image, pulled in routers), routers
+        with openai.OpenAI(base_url=harness.base_url(router), api_key="unused",
+                           max_retries=0, timeout=120) as client:
+            for model in ("gemma", "qwen"):
+                reply = client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "the pool"}],
+                    max_tokens=4)
+                assert reply.choices[0].message.content is not None
+        status = harness.wait_pool_ready(kubectl, ns, "gpu0", resident="qwen", within=30)
+        assert status["status"]["lastSwap"]["outcome"] == "Succeeded", status["status"]
+
+        # Pulled, by the nodes, from this registry.
+        listed = {node: crictl_images(node) for node in nodes}
+        assert any(f"{registry.name}/modelpool" in out and digest.removeprefix("sha256:")[:13]
+                   in out for out in listed.values()), listed
+        pulls = registry.pulls_from(serve.node_addresses(nodes))
+        assert f"/v2/modelpool/manifests/{digest}" in pulls, registry.log.read_text()[-3000:]
+    finally:
+        harness.remove_workloads(kubectl, ns)
