@@ -31,7 +31,11 @@ docs/contracts.md section 4:
 - GPU lock: when ``NVIDIA_VISIBLE_DEVICES`` lists devices (not empty, ``void`` or
   ``none``) and ``MODELPOOL_GPU_LOCK_DIR`` is set, loading begins by taking an exclusive,
   non-blocking ``flock`` on ``<dir>/gpu<id>.lock`` for each id. If one is held elsewhere
-  the server logs ``GPU <id> is already in use`` and exits with code 3.
+  the server logs ``GPU <id> is already in use`` and exits with code 3. A shared device
+  (``MODELPOOL_GPU_MEMORY``, bytes) is charged instead: the server's footprint
+  (``MODELPOOL_GPU_FOOTPRINT``, bytes, else ``--gpu-memory-utilization`` times the memory)
+  goes to the device's ledger, and a load that would pass the memory logs ``GPU <id> out
+  of memory`` and exits with code 3 (``gpu_ledger``).
 - ``/metrics`` (Prometheus text): ``vllm:num_requests_running`` and
   ``vllm:num_requests_waiting`` in vllm mode, ``llamacpp:requests_processing`` and
   ``llamacpp:requests_deferred`` in llamacpp mode, ``fake_model_requests_running`` and

@@ -20,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from e2e.fake_model.app import ServerState, build_app
+from e2e.fake_model.gpu_ledger import GpuLedger, GpuMemoryExhausted
 from e2e.fake_model.gpu_lock import GpuInUseError, GpuLocks
 from e2e.fake_model.settings import Settings, SettingsError, parse_settings
 
@@ -85,6 +86,17 @@ async def serve(settings: Settings, already_spent: float = 0.0) -> None:
         await asyncio.sleep(settings.unload_time)
 
 
+def gpu_hold(settings: Settings) -> GpuLocks | GpuLedger | None:
+    """The server's hold on its devices: a charge on each one's ledger when the device is
+    shared (it has a memory), an exclusive lock otherwise; None without a lock directory."""
+    if settings.gpu_lock_dir is None:
+        return None
+    if settings.gpu_memory is not None and settings.gpu_footprint is not None:
+        return GpuLedger(settings.gpu_lock_dir, settings.gpu_ids, settings.gpu_footprint,
+                         settings.gpu_memory)
+    return GpuLocks(settings.gpu_lock_dir, settings.gpu_ids)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO,
@@ -99,14 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.ignored_args:
         logger.info("ignoring arguments: %s", " ".join(settings.ignored_args))
 
-    locks = GpuLocks(settings.gpu_lock_dir, settings.gpu_ids) if settings.gpu_lock_dir else None
+    locks = gpu_hold(settings)
     if locks is None and settings.gpu_ids:
         logger.warning("NVIDIA_VISIBLE_DEVICES is set but MODELPOOL_GPU_LOCK_DIR is not: no lock")
     try:
         if locks is not None:
             locks.acquire()
         asyncio.run(serve(settings, seconds_since_exec()))
-    except GpuInUseError as e:
+    except (GpuInUseError, GpuMemoryExhausted) as e:
         logger.error("%s", e)
         return EXIT_GPU_IN_USE
     except OSError as e:

@@ -49,6 +49,10 @@ class Settings:
     unload_time: float = 0.0
     gpu_ids: tuple[str, ...] = ()
     gpu_lock_dir: Path | None = None
+    # A shared device (the fake device plugin's shared mode): its memory, and this server's
+    # footprint charged to its ledger (e2e/fake_model/gpu_ledger.py). None: exclusive.
+    gpu_memory: int | None = None
+    gpu_footprint: int | None = None
     ignored_args: tuple[str, ...] = ()
 
 
@@ -71,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ctx-size", type=int, default=None)
     parser.add_argument("--fail-load", action="store_true", default=None)
     parser.add_argument("--unload-time", type=float, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     return parser
 
 
@@ -119,6 +124,33 @@ def gpu_ids(visible_devices: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in visible_devices.split(",") if part.strip())
 
 
+def _env_bytes(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) == 0:
+        raise SettingsError(f"{name}={raw!r} is not a positive number of bytes")
+    return int(raw)
+
+
+def _gpu_share(utilization: float | None, env: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(the shared device's memory, this server's footprint) in bytes; (None, None) on an
+    exclusive device. The footprint is ``MODELPOOL_GPU_FOOTPRINT``, else vLLM's
+    ``--gpu-memory-utilization`` times the device's memory, as vLLM sizes itself."""
+    capacity = _env_bytes(env, "MODELPOOL_GPU_MEMORY")
+    footprint = _env_bytes(env, "MODELPOOL_GPU_FOOTPRINT")
+    if utilization is not None and not 0 < utilization <= 1:
+        raise SettingsError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
+    if capacity is None:
+        return None, None
+    if footprint is None and utilization is not None:
+        footprint = int(utilization * capacity)
+    if footprint is None:
+        raise SettingsError("a shared GPU (MODELPOOL_GPU_MEMORY) needs this server's footprint: "
+                            "MODELPOOL_GPU_FOOTPRINT or --gpu-memory-utilization")
+    return capacity, footprint
+
+
 def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     """Flags win over environment variables, which win over the defaults."""
     rewritten = [SHORT_ALIASES.get(arg, arg) for arg in argv]
@@ -160,6 +192,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     if args.ctx_size is not None and args.ctx_size < 1:
         raise SettingsError(f"--ctx-size must be at least 1, got {args.ctx_size}")
 
+    gpu_memory, footprint = _gpu_share(args.gpu_memory_utilization, env)
     bind_host = env.get("MODELPOOL_BIND_HOST", "").strip()
     lock_dir = env.get("MODELPOOL_GPU_LOCK_DIR", "").strip()
     ignored = [arg for arg in unknown if arg not in {"serve", positional_model}]
@@ -177,5 +210,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         unload_time=unload_time,
         gpu_ids=gpu_ids(env.get("NVIDIA_VISIBLE_DEVICES")),
         gpu_lock_dir=Path(lock_dir) if lock_dir else None,
+        gpu_memory=gpu_memory,
+        gpu_footprint=footprint,
         ignored_args=tuple(ignored),
     )
