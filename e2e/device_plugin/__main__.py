@@ -14,16 +14,19 @@ from e2e.device_plugin import devices, server
 
 async def main() -> None:
     node = os.environ["NODE_NAME"]
-    count = devices.device_count(server.node_labels(node))
+    labels = server.node_labels(node)
+    count = devices.device_count(labels)
+    how = devices.sharing(labels)
     ids = devices.device_ids(count)
     server.make_locks(ids, Path(devices.HOST_LOCK_DIR))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    logging.getLogger("fake-gpu-plugin").info("node %s: %d fake %s", node, count,
-                                              devices.RESOURCE)
-    await server.serve(ids, server.PLUGIN_DIR, stop)
+    logging.getLogger("fake-gpu-plugin").info(
+        "node %s: %d fake %s, each advertised %d times, memory %s", node, count,
+        devices.RESOURCE, how.shares, how.memory)
+    await server.serve(devices.advertised_ids(count, how), server.PLUGIN_DIR, stop, how)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ SOCKET_POLL_SECONDS = 0.5
 
 
 class FakeGpus(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
-    def __init__(self, ids: list[str]) -> None:
+    def __init__(self, ids: list[str], how: devices.Sharing = devices.EXCLUSIVE) -> None:
         self.ids = ids
+        self.how = how
         self.stopping = asyncio.Event()
 
     async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
@@ -55,7 +56,7 @@ class FakeGpus(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
         responses = []
         for r in request.container_requests:
             try:
-                plan = devices.allocation(list(r.devices_ids), self.ids)
+                plan = devices.allocation(list(r.devices_ids), self.ids, self.how)
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             log.info("allocated devices %s", ",".join(r.devices_ids))
@@ -84,13 +85,18 @@ def node_labels(node: str) -> dict[str, str]:
 
 
 def make_locks(ids: list[str], lock_dir: Path) -> None:
-    """One lock file per device, open to the model servers' (non-root) users."""
+    """One lock file per device, and its memory ledger (e2e/fake_model/gpu_ledger.py: a
+    lock and a directory of charges), open to the model servers' (non-root) users."""
     lock_dir.mkdir(parents=True, exist_ok=True)
     lock_dir.chmod(0o777)
     for i in ids:
-        path = lock_dir / f"gpu{i}.lock"
-        path.touch(exist_ok=True)
-        path.chmod(0o666)
+        for name in (f"gpu{i}.lock", f"gpu{i}.ledger"):
+            path = lock_dir / name
+            path.touch(exist_ok=True)
+            path.chmod(0o666)
+        charges = lock_dir / f"gpu{i}.charges"
+        charges.mkdir(exist_ok=True)
+        charges.chmod(0o777)
 
 
 async def register(kubelet_socket: Path) -> None:
@@ -108,11 +114,12 @@ async def register(kubelet_socket: Path) -> None:
             await asyncio.sleep(1)
 
 
-async def serve(ids: list[str], plugin_dir: Path, stop: asyncio.Event) -> None:
+async def serve(ids: list[str], plugin_dir: Path, stop: asyncio.Event,
+                how: devices.Sharing = devices.EXCLUSIVE) -> None:
     own = plugin_dir / SOCKET_NAME
     while not stop.is_set():
         own.unlink(missing_ok=True)
-        plugin = FakeGpus(ids)
+        plugin = FakeGpus(ids, how)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(plugin, server)
         server.add_insecure_port(f"unix://{own}")

@@ -17,6 +17,7 @@ leaves memory charged.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -108,8 +109,14 @@ class GpuLedger:
 
     def _charge(self, device: str) -> None:
         directory = charges_dir(self._lock_dir, device)
-        directory.mkdir(parents=True, exist_ok=True)
-        ledger = os.open(ledger_lock(self._lock_dir, device), os.O_RDWR | os.O_CREAT, 0o644)
+        # Servers of other users share the device: the directory and the ledger lock are
+        # open to all (the fake device plugin makes them so; a first server here, too).
+        # A lock is taken on a read-only descriptor, so anyone can probe anyone's charge.
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(PermissionError):
+                directory.chmod(0o777)
+        ledger = os.open(ledger_lock(self._lock_dir, device), os.O_RDONLY | os.O_CREAT, 0o666)
         try:
             fcntl.flock(ledger, fcntl.LOCK_EX)  # brief: other loads on this device wait
             charged = sum(self._live(path) for path in directory.glob(f"*{CHARGE_SUFFIX}"))
@@ -130,7 +137,7 @@ class GpuLedger:
     def _live(path: Path) -> int:
         """The charge's bytes if its holder lives; a dead holder's charge is removed."""
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return 0
         try:
