@@ -49,6 +49,16 @@ pass unchanged. Responses name the served id as ``model`` whatever the request a
 so a test can tell which server answered.
 """
 
-from e2e.fake_model.cli import main
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The server (``cli.main``), imported only when run: ``gpu_lock`` and ``gpu_ledger``
+    stay importable without the server's dependencies (e2e/llama/charged.py, in the
+    llama-server image, charges the ledger with them)."""
+    from e2e.fake_model.cli import main as serve_main
+
+    return serve_main(argv)
+
 
 __all__ = ["main"]

@@ -150,6 +150,12 @@ class GpuLedger:
         finally:
             os.close(fd)
 
+    def acquire_for_exec(self) -> list[int]:
+        """Charge every device and return the descriptors that hold the charges, for a
+        process that passes them on to the program it becomes (exec)."""
+        self.acquire()
+        return [fd for fd, _ in self._held]
+
     def release(self) -> None:
         while self._held:
             fd, path = self._held.pop()

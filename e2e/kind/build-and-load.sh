@@ -121,8 +121,20 @@ build_llama_server() {
   local binary ctx
   binary="$(bash "$root/e2e/llama/build-llama-server.sh" | tail -n 1)"
   ctx="$(mktemp -d)"
-  mkdir -p "$ctx/models"
-  cp "$binary" "$ctx/llama-server"
+  mkdir -p "$ctx/models" "$ctx/py/e2e/fake_model" "$ctx/py/e2e/llama"
+  cp "$binary" "$ctx/llama-server.bin"
+  # /app/llama-server: the binary, charged first to a shared fake GPU's memory ledger when
+  # the device plugin's shared mode gave the container MODELPOOL_GPU_MEMORY
+  # (e2e/llama/charged.py, which needs only these files and the base's python3).
+  cp "$root/e2e/__init__.py" "$ctx/py/e2e/"
+  cp "$root/e2e/fake_model/"{__init__,gpu_lock,gpu_ledger}.py "$ctx/py/e2e/fake_model/"
+  cp "$root/e2e/llama/"{__init__,charged}.py "$ctx/py/e2e/llama/"
+  cat >"$ctx/llama-server" <<'WRAPPER'
+#!/bin/sh
+[ -n "${MODELPOOL_GPU_MEMORY:-}" ] || exec /app/llama-server.bin "$@"
+PYTHONPATH=/app/py exec python3 -m e2e.llama.charged /app/llama-server.bin "$@"
+WRAPPER
+  chmod 755 "$ctx/llama-server"
   "$python" -m e2e.llama.models "$CACHE/llama/models" alpha --size large >/dev/null
   "$python" -m e2e.llama.models "$CACHE/llama/models" beta >/dev/null
   "$python" -m e2e.llama.models "$CACHE/llama/models" gemma >/dev/null
@@ -132,7 +144,8 @@ build_llama_server() {
   cat >"$ctx/Dockerfile" <<DOCKERFILE
 FROM $base
 $gomp
-COPY llama-server /app/llama-server
+COPY llama-server llama-server.bin /app/
+COPY py/ /app/py/
 COPY models/ /models/
 USER 1000:1000
 ENTRYPOINT ["/app/llama-server"]
