@@ -27,7 +27,7 @@ PRODUCT_SCRIPTS = [
 TESTBED_PACKAGES = ["e2e"]
 TESTBED_SCRIPTS = [
     "modelpool-local = e2e.local.cli:main",
-    "modelpool-fake-model = e2e.fake_model:main",
+    "modelpool-fake-model = e2e.fake_model.cli:main",
 ]
 
 

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from e2e.fake_model import dialects, replies
+from e2e.fake_model import dialects, kv_slots, replies
 from e2e.fake_model.replies import JsonObject
 from e2e.fake_model.settings import Mode, Settings
 
@@ -46,31 +46,41 @@ class SlotTable:
     """``size`` slots; a request holds one while it generates, the rest wait in order.
 
     As llama.cpp: a freed slot passes straight to the first waiting request, in the same
-    step, so ``/slots`` never reads idle while a request is still waiting for a slot."""
+    step, so ``/slots`` never reads idle while a request is still waiting for a slot. A
+    request may want one slot (``id_slot``; a slot action too): it waits for that one. A
+    slot caches its last prompt and generation (``kv_slots``); a request that wants no
+    slot takes the free one whose cache shares the longest prefix with its prompt."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._free = list(range(size))
-        self._waiters: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._waiters: collections.deque[tuple[asyncio.Future[int], int | None, bool]] = (
+            collections.deque())
         self.busy: set[int] = set()
         # As llama.cpp: every generation is a task with the next id of one counter, and a
         # slot keeps showing the id of its last task once it is done (none before its first).
         self._tasks = 0
         self.task_of: dict[int, int] = {}
         self.served = 0  # generations finished (vLLM's request_success_total)
+        self.caches: dict[int, list[str]] = {}
+        self.prompt_tokens: dict[int, int] = {}  # of each slot's last prompt
 
     @property
     def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
+        return sum(1 for w, _, _ in self._waiters if not w.done())
 
     @asynccontextmanager
-    async def hold(self) -> AsyncIterator[int]:
-        if self._free and not self._waiters:
-            slot = heapq.heappop(self._free)
-            self._assign(slot)
+    async def hold(self, wanted: int | None = None, prompt: Sequence[str] = (),
+                   task: bool = True) -> AsyncIterator[int]:
+        """A slot for a generation (`task`) or a slot action (not a task: no id, not
+        served); `wanted` names the slot, else the one caching most of `prompt`."""
+        slot = self._take_free(wanted, prompt)
+        if slot is not None:
+            self._assign(slot, task)
         else:
             handed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._waiters.append(handed)
+            entry = (handed, wanted, task)
+            self._waiters.append(entry)
             try:
                 slot = await handed
             except asyncio.CancelledError:
@@ -78,24 +88,46 @@ class SlotTable:
                     self._release(handed.result())  # handed a slot as it was cancelled
                 else:
                     with contextlib.suppress(ValueError):
-                        self._waiters.remove(handed)
+                        self._waiters.remove(entry)
                 raise
         try:
             yield slot
         finally:
-            self.served += 1
+            if task:
+                self.served += 1
             self._release(slot)
 
-    def _assign(self, slot: int) -> None:
+    def _take_free(self, wanted: int | None, prompt: Sequence[str]) -> int | None:
+        # A free slot is one no waiter could take (a release hands it to the first that
+        # can), so a free slot is the newcomer's without jumping the queue.
+        if not self._free:
+            return None
+        if wanted is not None:
+            slot = wanted if wanted in self._free else None
+        else:
+            slot = kv_slots.best_slot(self._free, self.caches, prompt)
+            if slot is None:
+                slot = min(self._free)
+        if slot is not None:
+            self._free.remove(slot)
+            heapq.heapify(self._free)
+        return slot
+
+    def _assign(self, slot: int, task: bool = True) -> None:
         self.busy.add(slot)
-        self._tasks += 1
-        self.task_of[slot] = self._tasks
+        if task:
+            self._tasks += 1
+            self.task_of[slot] = self._tasks
 
     def _release(self, slot: int) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():  # a cancelled waiter is skipped
-                self._assign(slot)  # busy throughout: the next task has it at once
+        for entry in list(self._waiters):
+            waiter, wanted, task = entry
+            if waiter.done():  # a cancelled waiter is skipped
+                self._waiters.remove(entry)
+                continue
+            if wanted is None or wanted == slot:
+                self._waiters.remove(entry)
+                self._assign(slot, task)  # busy throughout: the next task has it at once
                 waiter.set_result(slot)
                 return
         self.busy.discard(slot)
@@ -219,16 +251,31 @@ async def _completion(request: web.Request, kind: replies.Kind) -> web.StreamRes
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     created = int(time.time())
     model = settings.model_id
-    async with state.slots.hold():
+    words = replies.prompt_words(prompt)
+    wanted = body.get("id_slot")
+    if not isinstance(wanted, int) or isinstance(wanted, bool) or not (
+            0 <= wanted < state.slots.size):
+        wanted = None  # as llama-server: a slot it does not have is no choice
+    async with state.slots.hold(wanted, words) as slot:
+        table = state.slots
+        cached = kv_slots.reuse(table.caches.get(slot, []), words)
+        text = replies.text_of(n_tokens)
+        table.caches[slot] = words + replies.prompt_words(text)
+        table.prompt_tokens[slot] = len(words)
         if body.get("stream") is True:
             plan = replies.stream_plan(
                 kind, response_id, created, model, n_tokens, use, _include_usage(body)
             )
             return await _stream(request, settings.tokens_per_second, plan)
         await asyncio.sleep(n_tokens / settings.tokens_per_second)
-        text = replies.text_of(n_tokens)
         build = replies.chat_completion if kind == "chat" else replies.text_completion
-        return web.json_response(build(response_id, created, model, text, "length", use))
+        reply = build(response_id, created, model, text, "length", use)
+        if settings.mode is Mode.LLAMACPP:
+            # As llama-server: how much of the prompt its slot's cache served.
+            reply["timings"] = {"cache_n": cached.cache_n, "prompt_n": cached.prompt_n,
+                                "predicted_n": n_tokens}
+            reply["usage"]["prompt_tokens_details"] = {"cached_tokens": cached.cache_n}
+        return web.json_response(reply)
 
 
 async def _stream(
@@ -491,8 +538,71 @@ async def slots(request: web.Request) -> web.Response:
         entry: JsonObject = {"id": slot, "n_ctx": CONTEXT_SIZE, "is_processing": slot in table.busy}
         if slot in table.task_of:
             entry["id_task"] = table.task_of[slot]
+            entry["n_prompt_tokens"] = table.prompt_tokens.get(slot, 0)
         listed.append(entry)
     return web.json_response(listed)
+
+
+def _slot_context(state: ServerState) -> int:
+    settings = state.settings
+    return settings.ctx_size // settings.parallel if settings.ctx_size else CONTEXT_SIZE
+
+
+async def slot_action(request: web.Request) -> web.Response:
+    """`POST /slots/{id}?action=save|restore|erase` with `{"filename": ...}`, as
+    llama-server started with `--slot-save-path` answers it; a busy slot's action waits
+    until the slot is free (llama.cpp defers it)."""
+    state = request.app[STATE]
+    save_path = state.settings.slot_save_path
+    if save_path is None:
+        return _error(501, "This server does not support slots action. Start it with "
+                      "`--slot-save-path`", "not_supported_error")
+    try:
+        slot = int(request.match_info["id_slot"])
+    except ValueError:
+        return _error(400, "Invalid slot ID", "invalid_request_error")
+    action = request.query.get("action")
+    if action not in ("save", "restore", "erase"):
+        return _error(400, "Invalid action", "invalid_request_error")
+    filename = ""
+    if action != "erase":
+        body = await _json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        named = body.get("filename")
+        if not isinstance(named, str):
+            return _error(400, "[json.exception.out_of_range.403] key 'filename' not found",
+                          "invalid_request_error")
+        if not kv_slots.valid_filename(named):
+            return _error(400, "Invalid filename", "invalid_request_error")
+        filename = named
+    if not 0 <= slot < state.slots.size:
+        return _error(400, "Invalid slot ID", "invalid_request_error")
+    table, model, n_ctx = state.slots, state.settings.model_id, _slot_context(state)
+    started = time.monotonic()
+    async with table.hold(slot, task=False):
+        if action == "erase":
+            n_erased = len(table.caches.pop(slot, []))
+            return web.json_response({"id_slot": slot, "n_erased": n_erased})
+        path = save_path / filename
+        if action == "save":
+            tokens = table.caches.get(slot, [])
+            data = kv_slots.file_body(model, n_ctx, tokens)
+            path.write_bytes(data)
+            return web.json_response({
+                "id_slot": slot, "filename": filename, "n_saved": len(tokens),
+                "n_written": len(data),
+                "timings": {"save_ms": round((time.monotonic() - started) * 1000, 3)}})
+        restored = kv_slots.read_file(path, model, n_ctx)
+        if restored is None:
+            table.caches.pop(slot, None)
+            return _error(400, f"Unable to restore slot: {kv_slots.INVALID_FILE}",
+                          "invalid_request_error")
+        table.caches[slot] = restored
+        return web.json_response({
+            "id_slot": slot, "filename": filename, "n_restored": len(restored),
+            "n_read": path.stat().st_size,
+            "timings": {"restore_ms": round((time.monotonic() - started) * 1000, 3)}})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -552,5 +662,6 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_put("/fake/faults", faults)
     if state.settings.mode is Mode.LLAMACPP:
         app.router.add_get("/slots", slots)
+        app.router.add_post("/slots/{id_slot}", slot_action)
         app.router.add_get("/props", props)
     return app

@@ -46,15 +46,20 @@ def text_of(n_tokens: int) -> str:
 def count_tokens(value: object) -> int:
     """A rough token count of a prompt: words in strings, items in token-id lists, found
     recursively in message lists and content parts."""
+    return len(prompt_words(value))
+
+
+def prompt_words(value: object) -> list[str]:
+    """The prompt's tokens as `count_tokens` counts them, in order: what a slot caches."""
     if isinstance(value, str):
-        return len(value.split())
+        return value.split()
     if isinstance(value, list):
         if value and all(isinstance(v, int) for v in value):
-            return len(value)
-        return sum(count_tokens(v) for v in value)
+            return [str(v) for v in value]
+        return [w for v in value for w in prompt_words(v)]
     if isinstance(value, dict):
-        return count_tokens(value.get("content")) + count_tokens(value.get("text"))
-    return 0
+        return prompt_words(value.get("content")) + prompt_words(value.get("text"))
+    return []
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:

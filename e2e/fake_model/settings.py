@@ -53,6 +53,8 @@ class Settings:
     # footprint charged to its ledger (e2e/fake_model/gpu_ledger.py). None: exclusive.
     gpu_memory: int | None = None
     gpu_footprint: int | None = None
+    # llama.cpp's --slot-save-path: where slot actions save and restore (llamacpp mode).
+    slot_save_path: Path | None = None
     ignored_args: tuple[str, ...] = ()
 
 
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fail-load", action="store_true", default=None)
     parser.add_argument("--unload-time", type=float, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--slot-save-path", default=None)
     return parser
 
 
@@ -212,5 +215,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         gpu_lock_dir=Path(lock_dir) if lock_dir else None,
         gpu_memory=gpu_memory,
         gpu_footprint=footprint,
+        slot_save_path=(Path(args.slot_save_path)
+                        if args.slot_save_path and args.mode == Mode.LLAMACPP.value else None),
         ignored_args=tuple(ignored),
     )

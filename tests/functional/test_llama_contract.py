@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,13 +65,14 @@ async def _healthy(url: str, process: asyncio.subprocess.Process | None) -> None
 
 
 @contextlib.asynccontextmanager
-async def real_server(model: Path, log: Path) -> AsyncIterator[Server]:
+async def real_server(model: Path, log: Path, extra: Sequence[str] = ()) -> AsyncIterator[Server]:
     binary = llama_server_binary()
     port = free_port()
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
             str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-c", "2048", "-np", str(SLOTS), "--metrics", stdout=out, stderr=subprocess.STDOUT)
+            "-c", "2048", "-np", str(SLOTS), "--metrics", *extra, stdout=out,
+            stderr=subprocess.STDOUT)
     try:
         await _healthy(f"http://127.0.0.1:{port}", process)
         yield Server("real", f"http://127.0.0.1:{port}", str(model))
@@ -82,16 +83,16 @@ async def real_server(model: Path, log: Path) -> AsyncIterator[Server]:
 
 
 @contextlib.asynccontextmanager
-async def started(kind: str, where: Path) -> AsyncIterator[Server]:
+async def started(kind: str, where: Path, extra: Sequence[str] = ()) -> AsyncIterator[Server]:
     """The real llama-server or the fake in llama.cpp mode, serving a model written in
-    `where`."""
+    `where`, with `extra` arguments for both."""
     model = models.write_model(where / "models", NAME)
     if kind == "real":
-        async with real_server(model, where / "llama-server.log") as real:
+        async with real_server(model, where / "llama-server.log", extra) as real:
             yield real
         return
     async with run_fake_model("--mode", "llamacpp", "--model", str(model), "-c", "2048",
-                              "-np", str(SLOTS), "--tokens-per-second", "5000",
+                              "-np", str(SLOTS), "--tokens-per-second", "5000", *extra,
                               log_path=where / "fake.log") as fake:
         await _healthy(fake.base_url, None)
         yield Server("fake", fake.base_url, str(model))
