@@ -33,7 +33,7 @@ def parse_quantity(value: Any, field_name: str) -> Decimal:
     """The exact value of a quantity: an integer or a string in the API server's grammar."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise QuantityError(f"{field_name} must be a quantity such as 16Gi or 8G, "
-                        f"not {type(value).__name__}")
+                          f"not {type(value).__name__}")
     if isinstance(value, int):
         return Decimal(value)
     match = _QUANTITY.fullmatch(value)
