@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from reconciler import pool_status, scheduling
 from reconciler import swap as s
 from reconciler.context import Context
+from reconciler.footprints import footprint_problem
 from reconciler.idle import idle_check
 from reconciler.logs import ObjectLogger
 from reconciler.objects import labels, meta, pod_active, pod_ready
@@ -262,14 +263,15 @@ class PoolReconciler:
         if shared:
             return s.Problem("MemberInTwoPools", "members of another pool: " + ", ".join(shared))
         invalid = []
+        parsed = {}
         for m in spec.member_names:
             try:
-                ModelServerSpec.from_body(servers.get(spec.namespace, m) or {})
+                parsed[m] = ModelServerSpec.from_body(servers.get(spec.namespace, m) or {})
             except SpecError as e:
                 invalid.append(f"{m}: {e}")
         if invalid:
             return s.Problem("InvalidMember", "; ".join(invalid))
-        return None
+        return footprint_problem(spec, parsed)
 
     def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
         pods: dict[str, int] = {}

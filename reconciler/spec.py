@@ -2,7 +2,8 @@
 
 The API server applies the CRD defaults before the reconciler sees an object, but the render
 CLI reads files straight from git, so the same defaults are applied here too; both paths then
-see identical specs. Durations arrive as Go-style strings ("1m30s") and leave as seconds.
+see identical specs. Durations arrive as Go-style strings ("1m30s") and leave as seconds;
+GPU memory arrives as a quantity ("16Gi") and leaves as bytes (`reconciler.quantity`).
 A body that does not fit raises `SpecError` naming the field.
 """
 
@@ -13,6 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from reconciler.quantity import QuantityError, format_bytes, parse_bytes
 
 GROUP = "modelpool.dev"
 VERSION = "v1alpha1"
@@ -143,6 +146,17 @@ def _quantity(body: Mapping[str, Any], key: str, where: str) -> str | None:
     return str(value)
 
 
+def _bytes(body: Mapping[str, Any], key: str, where: str) -> int | None:
+    """Whole bytes of a positive quantity, or None when absent."""
+    value = body.get(key)
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value, _at(where, key))
+    except QuantityError as e:
+        raise SpecError(str(e)) from e
+
+
 def _str_map(body: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
     raw = _obj(body, key, where)
     for k, v in raw.items():
@@ -217,6 +231,8 @@ class ServerResources:
     gpu_resource: str = DEFAULT_GPU_RESOURCE
     cpu: str | None = None
     memory: str | None = None
+    # The GPU memory the server takes when loaded, in bytes: its footprint in a budgeted pool.
+    gpu_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -331,6 +347,7 @@ class ModelServerSpec:
                 or DEFAULT_GPU_RESOURCE,
                 cpu=_quantity(res, "cpu", "spec.resources"),
                 memory=_quantity(res, "memory", "spec.resources"),
+                gpu_memory=_bytes(res, "gpuMemory", "spec.resources"),
             ),
             storage=storage,
             node_selector=_str_map(spec, "nodeSelector", where),
@@ -348,6 +365,8 @@ class ModelServerSpec:
 class PoolMember:
     name: str
     priority: int = 0
+    # The member's footprint in bytes as the pool's entry states it; None: the ModelServer's.
+    gpu_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +384,8 @@ class ModelPoolSpec:
     reclaim_after_seconds: float | None = None
     idle_unload_after_seconds: float | None = None
     prewarm: bool = True
+    # The memory of the pool's device its members may use, in bytes; None: an exclusive pool.
+    gpu_memory: int | None = None
 
     @property
     def member_names(self) -> tuple[str, ...]:
@@ -375,10 +396,16 @@ class ModelPoolSpec:
         ref = _meta(body, "ModelPool")
         spec = _spec(body)
         where = "spec"
+        gpu_memory = _bytes(spec, "gpuMemory", where)
         members = []
         for i, item in enumerate(_obj_list(spec, "members", where)):
             at = f"spec.members[{i}]"
-            members.append(PoolMember(_req_str(item, "name", at), _int(item, "priority", at, 0)))
+            footprint = _bytes(item, "gpuMemory", at)
+            if gpu_memory is not None and footprint is not None and footprint > gpu_memory:
+                raise SpecError(f"{at}.gpuMemory ({format_bytes(footprint)}) must not exceed "
+                                f"spec.gpuMemory ({format_bytes(gpu_memory)})")
+            members.append(PoolMember(_req_str(item, "name", at), _int(item, "priority", at, 0),
+                                      footprint))
         if not members:
             raise SpecError("spec.members must list at least one member")
         names = [m.name for m in members]
@@ -410,6 +437,7 @@ class ModelPoolSpec:
             reclaim_after_seconds=reclaim_after,
             idle_unload_after_seconds=_duration(spec, "idleUnloadAfter", where, None),
             prewarm=_typed(spec.get("prewarm", True), bool, "spec.prewarm", "a boolean"),
+            gpu_memory=gpu_memory,
         )
 
 

@@ -18,7 +18,7 @@ from e2e.harness import wait_established
 from e2e.local.controlplane import LocalCluster
 from e2e.local.fixtures import Kubectl
 from reconciler.render import Renderer
-from reconciler.spec import ModelRouterSpec, ModelServerSpec
+from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec
 from tests.unit.test_render_cases import CHAT, EMBED, GEMMA, POOL, QWEN, SERVERS
 
 pytestmark = pytest.mark.integration
@@ -111,6 +111,56 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         _obj("ModelPool", "p", {"members": [{"name": "a"}, {"name": "B"}]}),
         ("spec.members[1].name", "should match"),
     ),
+    # ModelPool: the GPU memory budget and its members' footprints
+    (
+        "pool-gpu-memory-negative",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "gpuMemory": "-48Gi"}),
+        ("spec.gpuMemory", "must be a positive quantity"),
+    ),
+    (
+        "pool-gpu-memory-negative-integer",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "gpuMemory": -1}),
+        ("spec.gpuMemory", "must be a positive quantity"),
+    ),
+    (
+        "pool-gpu-memory-zero",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "gpuMemory": "0Gi"}),
+        ("spec.gpuMemory", "must be a positive quantity"),
+    ),
+    (
+        "pool-gpu-memory-unparseable",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "gpuMemory": "48 gigs"}),
+        ("spec.gpuMemory", "must be a quantity of bytes"),
+    ),
+    (
+        "pool-gpu-memory-fractional-exponent",
+        _obj("ModelPool", "p", {"members": _MEMBERS, "gpuMemory": "1e1.5"}),
+        ("spec.gpuMemory", "must be a quantity of bytes"),
+    ),
+    (
+        "pool-member-gpu-memory-over-budget",
+        _obj("ModelPool", "p", {"members": [{"name": "a", "gpuMemory": "8Gi"},
+                                            {"name": "b", "gpuMemory": "49Gi"}],
+                                "gpuMemory": "48Gi"}),
+        ("spec.members", "must not exceed spec.gpuMemory"),
+    ),
+    (
+        "pool-member-gpu-memory-over-a-decimal-budget",
+        _obj("ModelPool", "p", {"members": [{"name": "a", "gpuMemory": "16Gi"}],
+                                "gpuMemory": 17 * 10**9}),
+        ("spec.members", "must not exceed spec.gpuMemory"),
+    ),
+    (
+        "pool-member-gpu-memory-negative",
+        _obj("ModelPool", "p", {"members": [{"name": "a", "gpuMemory": "-8Gi"}],
+                                "gpuMemory": "48Gi"}),
+        ("spec.members[0].gpuMemory", "must be a positive quantity"),
+    ),
+    (
+        "pool-member-gpu-memory-unparseable",
+        _obj("ModelPool", "p", {"members": [{"name": "a", "gpuMemory": "8GB"}]}),
+        ("spec.members[0].gpuMemory", "must be a quantity of bytes"),
+    ),
     # ModelPool: schema
     ("pool-no-members", _obj("ModelPool", "p", {"members": []}), ("spec.members", "at least 1")),
     (
@@ -188,6 +238,16 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         "server-gpu-negative",
         _obj("ModelServer", "s", {**_SERVER, "resources": {"gpu": -1}}),
         ("spec.resources.gpu",),
+    ),
+    (
+        "server-gpu-memory-negative",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"gpuMemory": "-8Gi"}}),
+        ("spec.resources.gpuMemory", "must be a positive quantity"),
+    ),
+    (
+        "server-gpu-memory-unparseable",
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"gpuMemory": "eight gigs"}}),
+        ("spec.resources.gpuMemory", "must be a quantity of bytes"),
     ),
     (
         "server-name-not-a-label",
@@ -512,6 +572,36 @@ def test_valid_objects_get_the_defaults_spec_py_assumes(
     )
     in_category = kubectl("get", "modelpool-all", "-n", namespace, "-o", "name").stdout.split()
     assert sorted(in_category) == sorted(names)
+
+
+def test_budgeted_and_exclusive_pools_are_admitted_and_parse_to_bytes(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    gi = 1024**3
+    objects = [
+        _obj("ModelServer", "s", {**_SERVER, "resources": {"gpuMemory": "20G"}}),
+        # a member as large as the budget fits; one without a footprint is the reconciler's
+        _obj("ModelPool", "budgeted", {"gpuMemory": "48Gi", "members": [
+            {"name": "a", "gpuMemory": "8Gi"}, {"name": "b", "gpuMemory": 48 * gi},
+            {"name": "s"}]}),
+        _obj("ModelPool", "decimal", {"gpuMemory": 48 * 10**9, "members": [
+            {"name": "a", "gpuMemory": "1.5Gi"}]}),
+        _obj("ModelPool", "exclusive", {"members": _MEMBERS}),
+    ]
+    kubectl("create", "-n", namespace, "-f", "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    server = ModelServerSpec.from_body(kubectl.json("get", "modelserver", "s", "-n", namespace))
+    assert server.resources.gpu_memory == 20 * 10**9
+    pools = {name: ModelPoolSpec.from_body(kubectl.json("get", "modelpool", name, "-n",
+                                                        namespace))
+             for name in ("budgeted", "decimal", "exclusive")}
+    assert [(p.gpu_memory, [m.gpu_memory for m in p.members]) for p in pools.values()] == [
+        (48 * gi, [8 * gi, 48 * gi, None]), (48 * 10**9, [3 * gi // 2]), (None, [None, None])]
+    wide = kubectl("get", "mpool", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["NAME", "RESIDENT", "PHASE", "POLICY", "BUDGET", "AGE"]
+    start, end = wide[0].index("BUDGET"), wide[0].index("AGE")  # empty cells print as blanks
+    budgets = {line.split()[0]: line[start:end].strip() for line in wide[1:]}
+    assert budgets == {"budgeted": "48Gi", "decimal": str(48 * 10**9), "exclusive": ""}
 
 
 def _patch_status(kubectl: Kubectl, namespace: str, patch: list[dict[str, Any]]) -> Any:

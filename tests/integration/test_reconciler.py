@@ -478,6 +478,33 @@ async def test_a_missing_member_stalls_until_the_spec_is_fixed(
     assert c2 is not None and c2["status"] == "False"
 
 
+async def test_a_budgeted_pool_with_a_member_lacking_a_footprint_stalls_until_fixed(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    budgeted = pool(["a", "b"])
+    budgeted["spec"]["gpuMemory"] = "16Gi"
+    budgeted["spec"]["members"][0]["gpuMemory"] = "8Gi"
+    apply(kubectl, namespace, server("a"), server("b"), budgeted)
+
+    async def stalled() -> Json | None:
+        c = condition(await reconciler.pool(), "Stalled")
+        return c if c and c["status"] == "True" else None
+
+    c = await eventually(stalled, "Stalled", 30)
+    assert c["reason"] == "MemberFootprintMissing" and "for b:" in c["message"], c
+    await event_seen(kubectl, namespace, "slot", "MemberFootprintMissing")
+    for name in ("a", "b"):
+        assert replicas(kubectl, namespace, name) in (None, 0), name  # nothing scaled
+
+    # b's ModelServer states its footprint: a valid budgeted pool acts as an exclusive one
+    fixed = server("b")
+    fixed["spec"]["resources"]["gpuMemory"] = "4Gi"
+    apply(kubectl, namespace, fixed)
+    body = await ready_with(reconciler, "a")
+    c2 = condition(body, "Stalled")
+    assert c2 is not None and c2["status"] == "False"
+
+
 async def test_a_pool_applied_before_its_members_is_in_progress_never_degraded(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:

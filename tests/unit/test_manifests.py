@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from reconciler.quantity import QuantityError, parse_bytes
 from reconciler.spec import (
     ModelPoolSpec,
     ModelRouterSpec,
@@ -75,7 +76,7 @@ def _schema(plural: str) -> dict[str, Any]:
     ("plural", "kind", "short", "columns"),
     [
         ("modelservers", "ModelServer", "ms", ["Runtime", "Phase", "Pool", "Age"]),
-        ("modelpools", "ModelPool", "mpool", ["Resident", "Phase", "Policy", "Age"]),
+        ("modelpools", "ModelPool", "mpool", ["Resident", "Phase", "Policy", "Budget", "Age"]),
         ("modelrouters", "ModelRouter", "mrouter", ["Phase", "Endpoint", "Age"]),
     ],
 )
@@ -135,6 +136,12 @@ def test_the_cel_rules_of_the_issue_exist() -> None:
     assert any(p == ".spec.backends[]" and "modelServerRef" in r and "url" in r for p, r in router)
     assert any(p == ".spec" and "exists_one" in r and "backends" in r for p, r in router)
     assert any(p == ".spec" and "self.defaultRoute" in r for p, r in router)
+    assert any(p == ".spec" and "self.members.all" in r and "compareTo" in r and "gpuMemory" in r
+               for p, r in pool)
+    for where, rules in ((".spec.gpuMemory", pool), (".spec.members[].gpuMemory", pool),
+                         (".spec.resources.gpuMemory", server)):
+        assert any(p == where and "isGreaterThan(quantity('0'))" in r for p, r in rules), where
+        assert any(p == where and r == "isQuantity(string(self))" for p, r in rules), where
 
 
 @pytest.mark.unit
@@ -172,6 +179,34 @@ def test_crd_duration_pattern_is_the_spec_grammar(text: str) -> None:
     except SpecError:
         parsed = False
     assert bool(re.search(pattern, text)) == parsed
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("text", "admitted"),
+    [("48Gi", True), ("8G", True), ("1.5Gi", True), ("512Mi", True), ("1e9", True),
+     ("4096", True), ("+1Ki", True), (".5Ki", True),
+     ("0", False), ("-1Gi", False), ("16GB", False), ("16 Gi", False), ("16gi", False),
+     ("lots", False), ("", False), ("1e1.5", False)],
+)
+def test_crd_gpu_memory_pattern_and_rules_are_the_spec_grammar(text: str, admitted: bool) -> None:
+    """The pattern, then the CEL rules (a quantity the library parses, above 0), admit what
+    reconciler.quantity parses into bytes, and nothing else."""
+    pool = _schema("modelpools")["properties"]["spec"]["properties"]
+    member = pool["members"]["items"]["properties"]["gpuMemory"]
+    server = _schema("modelservers")["properties"]["spec"]["properties"]["resources"]
+    fields = [pool["gpuMemory"], member, server["properties"]["gpuMemory"]]
+    (pattern,) = {f["pattern"] for f in fields}
+    assert all(f["x-kubernetes-int-or-string"] and f["minimum"] == 0 for f in fields)
+    fractional_exponent = re.search(r"[eE][+-]?[0-9]*\.", text) is not None  # isQuantity: no
+    zero = bool(re.fullmatch(r"\+?0*\.?0*", text)) and text != ""  # the positive rule: no
+    schema = bool(re.search(pattern, text)) and not fractional_exponent and not zero
+    try:
+        parse_bytes(text, "spec.gpuMemory")
+        parsed = True
+    except QuantityError:
+        parsed = False
+    assert schema == parsed == admitted
 
 
 def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:

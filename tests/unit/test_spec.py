@@ -64,6 +64,7 @@ def test_model_server_defaults() -> None:
     assert ms.resources.gpu == 1
     assert ms.resources.gpu_resource == "nvidia.com/gpu"
     assert ms.resources.cpu is None and ms.resources.memory is None
+    assert ms.resources.gpu_memory is None
     assert ms.replicas == 1
     assert ms.storage is None and ms.idle is None and ms.readiness_path is None
     assert ms.args == () and ms.env == () and ms.tolerations == ()
@@ -84,7 +85,8 @@ def test_model_server_full() -> None:
                     {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
                 ],
                 "port": 8000,
-                "resources": {"gpu": 2, "gpuResource": "amd.com/gpu", "cpu": 4, "memory": "16Gi"},
+                "resources": {"gpu": 2, "gpuResource": "amd.com/gpu", "cpu": 4, "memory": "16Gi",
+                              "gpuMemory": "1.5Gi"},
                 "storage": {"pvc": "weights"},
                 "nodeSelector": {"gpu": "a100"},
                 "tolerations": [{"key": "gpu", "operator": "Exists"}],
@@ -103,6 +105,7 @@ def test_model_server_full() -> None:
     }
     assert (ms.resources.gpu, ms.resources.gpu_resource) == (2, "amd.com/gpu")
     assert (ms.resources.cpu, ms.resources.memory) == ("4", "16Gi")
+    assert ms.resources.gpu_memory == 1536 * 1024**2
     assert ms.storage == Storage(mount_path="/models", pvc="weights")
     assert ms.idle is not None and ms.idle.metric == "vllm:num_requests_running"
     assert ms.readiness_path == "/ready"
@@ -130,6 +133,12 @@ def test_generic_needs_no_model() -> None:
         ({"image": "i", "model": "m", "env": [{"value": "v"}]}, "spec.env[0].name"),
         ({"image": "i", "model": "m", "replicas": True}, "spec.replicas"),
         ({"image": "i", "model": "m", "nodeSelector": {"a": 1}}, "spec.nodeSelector.a"),
+        ({"image": "i", "model": "m", "resources": {"gpuMemory": "-8Gi"}},
+         "spec.resources.gpuMemory must not be negative"),
+        ({"image": "i", "model": "m", "resources": {"gpuMemory": "8 GB"}},
+         "spec.resources.gpuMemory must be a quantity"),
+        ({"image": "i", "model": "m", "resources": {"gpuMemory": 0}},
+         "spec.resources.gpuMemory must be positive"),
     ],
 )
 def test_model_server_errors_name_the_field(spec: dict[str, Any], field: str) -> None:
@@ -161,6 +170,7 @@ def test_pool_defaults() -> None:
     assert pool.swap_budget_seconds == 300.0
     assert pool.min_residency_seconds == 0.0
     assert pool.max_wait_seconds is None and pool.reclaim_after_seconds is None
+    assert pool.gpu_memory is None  # an exclusive pool
 
 
 def test_pool_full() -> None:
@@ -187,6 +197,29 @@ def test_pool_full() -> None:
 
 
 @pytest.mark.parametrize(
+    ("budget", "entries", "expected"),
+    [
+        ("48Gi", [{"name": "a", "gpuMemory": "8Gi"}, {"name": "b"}],
+         (48 * 1024**3, (8 * 1024**3, None))),
+        (48 * 10**9, [{"name": "a", "gpuMemory": "20G"}, {"name": "b", "gpuMemory": 4096}],
+         (48 * 10**9, (20 * 10**9, 4096))),
+        # an entry as large as the budget fits
+        ("16Gi", [{"name": "a", "gpuMemory": "16384Mi"}], (16 * 1024**3, (16 * 1024**3,))),
+        # without a budget, footprints are kept and mean nothing yet
+        (None, [{"name": "a", "gpuMemory": "8Gi"}], (None, (8 * 1024**3,))),
+    ],
+)
+def test_pool_gpu_memory_in_bytes(budget: Any, entries: list[dict[str, Any]],
+                                  expected: tuple[int | None, tuple[int | None, ...]]) -> None:
+    spec: dict[str, Any] = {"members": entries}
+    if budget is not None:
+        spec["gpuMemory"] = budget
+    pool = ModelPoolSpec.from_body(_body("ModelPool", spec))
+    assert (pool.gpu_memory, tuple(m.gpu_memory for m in pool.members)) == expected
+    assert pool.members[0] == PoolMember("a", 0, expected[1][0])
+
+
+@pytest.mark.parametrize(
     ("spec", "field"),
     [
         ({}, "spec.members"),
@@ -204,6 +237,16 @@ def test_pool_full() -> None:
             {"members": [{"name": "a"}], "swapPolicy": "reclaim", "default": "a"},
             "spec.reclaimAfter",
         ),
+        ({"members": [{"name": "a"}], "gpuMemory": "-48Gi"}, "spec.gpuMemory must not be negative"),
+        ({"members": [{"name": "a"}], "gpuMemory": "48 gigs"}, "spec.gpuMemory must be a quantity"),
+        ({"members": [{"name": "a"}], "gpuMemory": "0"}, "spec.gpuMemory must be positive"),
+        ({"members": [{"name": "a", "gpuMemory": "-1Gi"}]},
+         "spec.members[0].gpuMemory must not be negative"),
+        ({"members": [{"name": "a", "gpuMemory": "big"}], "gpuMemory": "48Gi"},
+         "spec.members[0].gpuMemory must be a quantity"),
+        ({"members": [{"name": "a", "gpuMemory": "8Gi"}, {"name": "b", "gpuMemory": "49Gi"}],
+          "gpuMemory": "48Gi"},
+         "spec.members[1].gpuMemory (49Gi) must not exceed spec.gpuMemory (48Gi)"),
     ],
 )
 def test_pool_errors_name_the_field(spec: dict[str, Any], field: str) -> None:
