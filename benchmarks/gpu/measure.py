@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -286,7 +287,8 @@ def run_all(profile: Profile, binary: Path, work: Path, out: Path,
             start = time.monotonic()
             try:
                 STEPS[name](run)
-            except (ServerError, OSError, KeyError, ValueError) as error:
+            except (ServerError, OSError, subprocess.SubprocessError, KeyError, TypeError,
+                    ValueError) as error:
                 run.results["errors"].append({"step": name, "error": repr(error),
                                               "trace": traceback.format_exc(limit=3)})
                 print(f"[gpu bench] {name} failed: {error!r}", file=sys.stderr)

@@ -19,7 +19,8 @@ from benchmarks.gpu.footprint import MIB
 from benchmarks.gpu.profiles import PROFILES
 from e2e.local.paths import REPO_ROOT
 
-pytestmark = [pytest.mark.functional, pytest.mark.build("llama-server")]
+pytestmark = pytest.mark.functional
+needs_llama_server = pytest.mark.build("llama-server")
 
 BUILD = REPO_ROOT / "e2e" / "llama" / "build-llama-server.sh"
 RUN = REPO_ROOT / "benchmarks" / "gpu" / "run.sh"
@@ -52,6 +53,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], s
     return results, (tmp / "out" / "table.md").read_text(), elapsed
 
 
+@needs_llama_server
 def test_the_dry_run_measures_every_step_without_an_error(
         dry_run: tuple[dict[str, Any], str, float]) -> None:
     results, _, elapsed = dry_run
@@ -65,6 +67,7 @@ def test_the_dry_run_measures_every_step_without_an_error(
     assert all(10 * MIB < m["bytes"] < 100 * MIB for m in results["models"])
 
 
+@needs_llama_server
 def test_each_model_loads_from_a_cold_cache_then_a_warm_one(
         dry_run: tuple[dict[str, Any], str, float]) -> None:
     loads = dry_run[0]["load"]
@@ -78,6 +81,7 @@ def test_each_model_loads_from_a_cold_cache_then_a_warm_one(
             assert r["cached_before"] is None or r["cached_before"] < 0.05, r
 
 
+@needs_llama_server
 def test_a_swap_is_exit_then_memory_freed_then_ready_and_answering(
         dry_run: tuple[dict[str, Any], str, float]) -> None:
     swaps = dry_run[0]["swap"]
@@ -90,6 +94,7 @@ def test_a_swap_is_exit_then_memory_freed_then_ready_and_answering(
         assert r["exit_s"] + r["freed_s"] + r["ready_s"] <= r["total_s"] < 30, r
 
 
+@needs_llama_server
 def test_two_then_three_servers_are_resident_and_answer_with_their_memory_read(
         dry_run: tuple[dict[str, Any], str, float]) -> None:
     resident = dry_run[0]["resident"]
@@ -105,6 +110,7 @@ def test_two_then_three_servers_are_resident_and_answer_with_their_memory_read(
             assert 0.5 * m["file_mib"] < m["measured_mib"] < m["declared_mib"] + 500, m
 
 
+@needs_llama_server
 def test_a_restored_slot_is_continued_from_its_cache_and_a_re_prefill_is_not(
         dry_run: tuple[dict[str, Any], str, float]) -> None:
     kv = dry_run[0]["kv"]
@@ -123,6 +129,7 @@ def test_a_restored_slot_is_continued_from_its_cache_and_a_re_prefill_is_not(
             assert 0 < r[key] < 30, (key, r)
 
 
+@needs_llama_server
 def test_the_table_has_a_row_for_every_figure_and_none_missing(
         dry_run: tuple[dict[str, Any], str, float]) -> None:
     _, text, _ = dry_run
@@ -131,3 +138,20 @@ def test_the_table_has_a_row_for_every_figure_and_none_missing(
     assert steps == (["load to /health 200"] * 6 + ["swap"] * 3 + ["2 resident"] * 2
                      + ["3 resident"] * 3 + ["KV restore vs re-prefill"] * 3), text
     assert "n/a" not in text and "NOT answered" not in text
+
+
+def test_a_step_that_fails_is_recorded_and_the_next_steps_still_run(tmp_path: Path) -> None:
+    """A server that exits before it is ready (here `false`): each step's error goes to the
+    results and the table, the steps after it run, and the command fails."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu.measure", "run", "--profile", "cpu",
+         "--binary", "/bin/false", "--work", str(tmp_path / "work"), "--out",
+         str(tmp_path / "out"), "--steps", "swap,kv"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPO_ROOT)
+    assert result.returncode == 1, result.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [e["step"] for e in results["errors"]] == ["swap", "kv"]
+    assert all("exited 1 before it was ready" in e["error"] for e in results["errors"])
+    assert results["swap"] == [] and results["kv"] == []
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| error | swap | ServerError(" in table and "| error | kv | ServerError(" in table
