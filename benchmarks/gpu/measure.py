@@ -124,14 +124,18 @@ def _now() -> str:
 
 @contextlib.contextmanager
 def servers_stopped(run: Run, baseline: float | None) -> Iterator[list[LlamaServer]]:
-    """The servers a step starts, stopped (and their memory free) however it ends."""
+    """The servers a step starts, stopped (and their memory free) however it ends: all of
+    them first, since the card's memory returns to `baseline` only once the last is gone."""
     started: list[LlamaServer] = []
     try:
         yield started
     finally:
         for server in started:
             with contextlib.suppress(ServerError):
-                run.stop(server, baseline)
+                server.stop()
+        for server in started:
+            with contextlib.suppress(ServerError):
+                run.wait_freed(server.pid, baseline)
 
 
 def load_step(run: Run) -> None:
