@@ -12,7 +12,8 @@
 # there (with the gguf package) by benchmarks/gpu/prepare.sh on a machine with a network.
 # --cpu is the dry run: the same steps on the CPU build the tests use (it builds nothing),
 # models of tens of megabytes, contexts of hundreds of tokens, memory from /proc.
-# Environment: PYTHON (default .venv/bin/python, else python3).
+# Environment: PYTHON (default .venv/bin/python, else python3), MODELPOOL_GPU_STEPS (the
+# steps to run, default every one: load,swap,resident,kv).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -37,6 +38,8 @@ py="${PYTHON:-}"
 path="$repo"
 [[ ! -f $here/carry/gguf.zip ]] || path="$path:$here/carry/gguf.zip"
 export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+steps=()
+[[ -z ${MODELPOOL_GPU_STEPS:-} ]] || steps=(--steps "$MODELPOOL_GPU_STEPS")
 cd "$repo"
 
 if [[ $mode == cpu ]]; then
@@ -47,7 +50,7 @@ if [[ $mode == cpu ]]; then
   [[ -n $binary ]] ||
     binary="$(MODELPOOL_LLAMA_NO_BUILD=1 bash e2e/llama/build-llama-server.sh | tail -n 1)"
   "$py" -m benchmarks.gpu.measure run --profile cpu --binary "$binary" --work "$work" \
-    --out "$out"
+    --out "$out" ${steps[@]+"${steps[@]}"}
   exit
 fi
 
@@ -89,6 +92,6 @@ wait "$models" || {
 log "models written after $((SECONDS - start))s"
 status=0
 "$py" -m benchmarks.gpu.measure run --profile gpu --binary "$binary" --work "$work" --out "$out" \
-  --build-seconds "$build_s" || status=$?
+  --build-seconds "$build_s" ${steps[@]+"${steps[@]}"} || status=$?
 log "done in $((SECONDS - start))s (status $status): $out/table.md, $out/results.json"
 exit "$status"
