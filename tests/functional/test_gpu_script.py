@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], s
         capture_output=True, text=True, timeout=DRY_RUN_BUDGET_S, check=False,
         env={**os.environ, "PYTHON": sys.executable})
     elapsed = time.monotonic() - start
+    shutil.rmtree(tmp / "work")  # the models: a hundred megabytes
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp / "out" / "results.json").read_text())
     return results, (tmp / "out" / "table.md").read_text(), elapsed
@@ -148,6 +150,7 @@ def test_a_step_that_fails_is_recorded_and_the_next_steps_still_run(tmp_path: Pa
          "--binary", "/bin/false", "--work", str(tmp_path / "work"), "--out",
          str(tmp_path / "out"), "--steps", "swap,kv"],
         capture_output=True, text=True, timeout=60, check=False, cwd=REPO_ROOT)
+    shutil.rmtree(tmp_path / "work")
     assert result.returncode == 1, result.stderr
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [e["step"] for e in results["errors"]] == ["swap", "kv"]

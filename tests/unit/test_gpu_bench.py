@@ -9,6 +9,7 @@ from benchmarks.gpu import table
 from benchmarks.gpu.footprint import MIB, Shape, footprint_bytes, kv_cache_bytes
 from benchmarks.gpu.memory import parse_cards, parse_compute_apps, parse_rss_mib
 from benchmarks.gpu.profiles import PROFILES
+from benchmarks.gpu.steps import prompt_tokens
 from e2e.llama import models
 
 pytestmark = pytest.mark.unit
@@ -146,3 +147,12 @@ def approximate_bytes(size: str) -> int:
 def test_each_benchmark_model_is_about_the_size_it_is_named_for(size: str) -> None:
     named = int(size[:-2]) * (10**9 if size.endswith("gb") else 2**20)
     assert 0.85 * named <= approximate_bytes(size) <= 1.15 * named, approximate_bytes(size)
+
+
+def test_prompts_are_ordinary_pieces_the_same_each_time_and_differ_by_offset() -> None:
+    _, _, types = models.vocabulary()
+    prompt = prompt_tokens(1000)
+    assert len(prompt) == 1000 and prompt == prompt_tokens(1000)
+    assert {types[t] for t in prompt} == {models.NORMAL}
+    assert len(set(prompt)) > 50
+    assert prompt_tokens(16, offset=1000) != prompt_tokens(16)
