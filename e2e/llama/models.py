@@ -8,10 +8,12 @@ The output rows of control and non-ASCII byte tokens are zero, so generation nev
 end-of-sequence or broken UTF-8 and runs to `max_tokens`. The same name and size give the
 same file, byte for byte.
 
-    python -m e2e.llama.models DIR NAME [--size tiny|large|xlarge]   # prints the file's path
+    python -m e2e.llama.models DIR NAME [--size SIZE]   # prints the file's path
 
 `tiny` is well under a megabyte and loads in tens of milliseconds; `large` is a few hundred
-megabytes of random weights, for load times like a real swap's.
+megabytes of random weights, for load times like a real swap's. The sizes named in
+megabytes or gigabytes are about that large: those of benchmarks/gpu/ (tens of megabytes
+for its dry run on CPUs, 2, 8 and 20 GB for a GPU's memory).
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ SIZES = {
     "large": Size(layers=4, embedding=1024, heads=8, feed_forward=4096),
     # about 1 GB: a load that reads from disk for a second or more (benchmarks/bench_prewarm.py)
     "xlarge": Size(layers=16, embedding=1024, heads=8, feed_forward=4096),
+    # benchmarks/gpu/: a layer of 512 is 17 MB, of 2048 268 MB, of 4096 1.07 GB (float32)
+    "16mb": Size(layers=1, embedding=512, heads=8, feed_forward=2048),
+    "32mb": Size(layers=2, embedding=512, heads=8, feed_forward=2048),
+    "64mb": Size(layers=4, embedding=512, heads=8, feed_forward=2048),
+    "2gb": Size(layers=8, embedding=2048, heads=16, feed_forward=8192),
+    "8gb": Size(layers=8, embedding=4096, heads=32, feed_forward=16384),
+    "20gb": Size(layers=18, embedding=4096, heads=32, feed_forward=16384),
 }
 
 
