@@ -2,8 +2,10 @@
 
 Holds the invariants no table of cases can enumerate, at every step: the footprints of
 the members with a placed pod (starting, running or terminating) never exceed the
-budget; no member is evicted while the last probe of it said busy or failed, or while a
-probe of it is still out; nothing is scaled up while it still has a pod; a Scale agrees
+budget, nor do those of the residents and the loads past their drain (an eviction always
+makes the room its target needs); no member is evicted while the last probe of it said busy or failed, or while a
+probe of it is still out; nothing is scaled up while it still has a pod, and no member
+has two pods placed at once (a pod deleted under a resident is replaced only once gone); a Scale agrees
 with the replicas the pool wants; and every request is answered (loaded, rejected,
 abandoned, withdrawn) within swapBudget of when it was written.
 """
@@ -159,6 +161,12 @@ def run(seed: int, steps: int = 3000) -> None:
         for member in released:
             sim.members[member].release(sim.now)
         assert sim.placed_footprint() <= BUDGET, (sim.members, state)
+        # a replacement pod is placed only once the one it replaces is gone
+        assert all(f.placed() <= 1 for f in sim.members.values()), (sim.members, state)
+        # and the pool never promises more: every load past its drain has its room
+        promised = set(state.residents) | {x.to for x in state.loads
+                                           if x.phase is not r.Phase.DRAINING}
+        assert sum(config.footprints[m] for m in promised) <= BUDGET, state
         for load in state.loads:
             assert sim.now - load.started <= SWAP_BUDGET + TICK, (load, state)
 
@@ -191,6 +199,9 @@ def run(seed: int, steps: int = 3000) -> None:
                 fake.busy = not fake.busy
             if fake.busy:
                 fake.served += 1
+            live = [p for p in fake.pods if p.terminating_since is None and p.placed_at]
+            if live and rng.random() < 0.003:
+                live[0].terminating_since = sim.now  # deleted: a node drained, say
         feed(r.MembersObserved(sim.observed()))
         if rng.random() < 0.04:
             generation += 1
