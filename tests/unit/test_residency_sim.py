@@ -2,12 +2,13 @@
 
 Holds the invariants no table of cases can enumerate, at every step: the footprints of
 the members with a placed pod (starting, running or terminating) never exceed the
-budget, nor do those of the residents and the loads past their drain (an eviction always
-makes the room its target needs); no member is evicted while the last probe of it said busy or failed, or while a
-probe of it is still out; nothing is scaled up while it still has a pod, and no member
-has two pods placed at once (a pod deleted under a resident is replaced only once gone); a Scale agrees
-with the replicas the pool wants; and every request is answered (loaded, rejected,
-abandoned, withdrawn) within swapBudget of when it was written.
+budget, nor do those of the residents and the loads past their drain (an eviction
+always makes the room its target needs); no member is evicted while the last probe of
+it said busy or failed, or while a probe of it is still out; nothing is scaled up while
+it still has a pod, and no member has two pods placed at once (a pod deleted under a
+resident is replaced only once it is gone); a Scale agrees with the replicas the pool
+wants; and every request is answered (loaded, rejected, abandoned, withdrawn) within
+swapBudget of when it was written.
 """
 
 from __future__ import annotations
@@ -238,6 +239,6 @@ def run(seed: int, steps: int = 3000) -> None:
         assert sim.members[member].ready(sim.now) or sim.members[member].never_ready
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(12))
 def test_random_traffic_keeps_the_budget_and_answers_every_request(seed: int) -> None:
     run(seed)
