@@ -618,3 +618,14 @@ def test_status_lists_the_residents_and_the_room_left() -> None:
 def test_fewest(candidates: list[tuple[str, int]], need: int,
                 chosen: tuple[str, ...] | None) -> None:
     assert r._fewest(candidates, need) == chosen
+
+
+def test_under_reclaim_a_default_unloaded_for_idleness_waits_to_be_asked_for() -> None:
+    cfg = config(default="a", policy="reclaim", reclaim_after=60.0, idle_unload_after=40.0)
+    state = replace(pool({"b": 1.0}, cfg),
+                    idle_unloads={"a": r.IdleUnload("a", 0.0, 40.0)})
+    state, actions = run(state, [(100.0, Tick())])
+    assert scales(actions) == {} and state.loads == ()
+    assert r._reclaim_due_at(state) is None
+    state, actions = run(state, [(101.0, ask("a"))])
+    assert scales(actions) == {"a": 1} and state.idle_unloads == {}
