@@ -629,3 +629,12 @@ def test_under_reclaim_a_default_unloaded_for_idleness_waits_to_be_asked_for() -
     assert r._reclaim_due_at(state) is None
     state, actions = run(state, [(101.0, ask("a"))])
     assert scales(actions) == {"a": 1} and state.idle_unloads == {}
+
+
+def test_a_member_running_though_the_pool_wants_none_of_it_is_scaled_down() -> None:
+    # b runs (scaled by hand, or left from before a restart) but is no resident: it holds
+    # room nobody accounted for, so the next load scales it down, and waits for it
+    state = replace(pool({"a": 1.0}), observed=ready("a", "b"))
+    state, actions = run(state, [(10.0, ask("d"))])
+    assert scales(actions) == {"b": 0, "d": 1}
+    assert "d" not in r.released(state)
