@@ -650,7 +650,7 @@ def _reclaim_due_at(state: ResidencyState) -> float | None:
                                     for m, r in state.residents.items() if m != default):
         freed += config.footprint(member)
         if freed >= need:
-            return max(unused_at, state.reclaim_at or unused_at)
+            return unused_at if state.reclaim_at is None else max(unused_at, state.reclaim_at)
     return None
 
 

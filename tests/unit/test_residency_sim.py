@@ -206,7 +206,8 @@ def run(seed: int, steps: int = 3000) -> None:
         feed(r.MembersObserved(sim.observed()))
         if rng.random() < 0.04:
             generation += 1
-            request = r.Request(rng.choice([*MEMBERS, "stranger", None]), generation)
+            member = rng.choices([*MEMBERS, "stranger", None], [4, 4, 4, 4, 1, 1, 1])[0]
+            request = r.Request(member, generation)
             written_at = sim.now
             feed(r.RequestObserved(request))
         for member in sorted(idle_probes):
