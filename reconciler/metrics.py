@@ -8,7 +8,7 @@ collector can end up on a registry nothing exposes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -66,6 +66,13 @@ class ReconcilerMetrics:
             PREFIX + "idle_unloads_total",
             "Residents unloaded because they served nothing for spec.idleUnloadAfter.",
             ["namespace", "pool", "member"],
+            registry=registry,
+        )
+        self.evictions_total = Counter(
+            PREFIX + "evictions_total",
+            "Residents of a budgeted pool unloaded to make room, by member and the member "
+            "loaded for it.",
+            ["namespace", "pool", "member", "for_member"],
             registry=registry,
         )
         self.swap_deferrals_total = Counter(
@@ -127,9 +134,12 @@ class ReconcilerMetrics:
             self.swap_phase_duration_seconds.labels(namespace, pool, phase)
 
     def set_resident(self, namespace: str, pool: str, members: Iterable[str],
-                     resident: str | None) -> None:
+                     resident: str | Set[str] | None) -> None:
+        """Each member's resident gauge: the one resident of an exclusive pool, or the set
+        of a budgeted pool's."""
+        residents = {resident} if isinstance(resident, str) else set(resident or ())
         for member in members:
-            self.resident.labels(namespace, pool, member).set(1 if member == resident else 0)
+            self.resident.labels(namespace, pool, member).set(1 if member in residents else 0)
 
     def swap_done(self, namespace: str, pool: str, from_: str | None, to: str, duration: float,
                   phases: Iterable[tuple[str, float]]) -> None:
@@ -150,6 +160,8 @@ class ReconcilerMetrics:
                 removals.append((self.swaps_total, (namespace, pool, from_, member)))
             for reason in FAILURE_REASONS:
                 removals.append((self.swap_failures_total, (namespace, pool, member, reason)))
+            for other in members:
+                removals.append((self.evictions_total, (namespace, pool, member, other)))
         for reason in DEFERRAL_REASONS:
             removals.append((self.swap_deferrals_total, (namespace, pool, reason)))
         removals.append((self.swap_duration_seconds, (namespace, pool)))

@@ -1,20 +1,23 @@
 """The ModelPool reconciler: observe a pool's spec, its routers' request and its members'
-pods, step its swap (`reconciler.swap`, pure) and execute the actions the step returns:
+pods, step its swap (`reconciler.swap`, pure; with a memory budget its residents,
+`reconciler.residency`) and execute the actions the step returns:
 scale a member, probe one for idleness, clear the request, post an Event, record a
 metric. Then lift the slot gate of the members that may hold the slot, write the pool's
 status and run its prewarm pod."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
 
-from reconciler import pool_status, scheduling
+from reconciler import pool_status, residency_status, scheduling
+from reconciler import residency as r
 from reconciler import swap as s
 from reconciler.context import Context
-from reconciler.footprints import footprint_problem
+from reconciler.footprints import footprint_problem, footprints
 from reconciler.idle import idle_check
 from reconciler.logs import ObjectLogger
 from reconciler.objects import labels, meta, pod_active, pod_ready
@@ -31,7 +34,11 @@ log = logging.getLogger(__name__)
 MEMBER_NOT_FOUND = "MemberNotFound"
 # Executed first, before the status write: the metrics (whoever sees the new status must
 # find them already counted), then what the swap waits on.
-RECORDED = (s.RecordSwap, s.RecordFailure, s.RecordDeferral, s.RecordIdleUnload)
+RECORDED = (s.RecordSwap, s.RecordFailure, s.RecordDeferral, s.RecordIdleUnload,
+            r.RecordEviction, r.RecordLoad)
+# What a budgeted pool's status has and an exclusive pool's must not.
+BUDGETED_ONLY = tuple(k for k in residency_status.OWNED_KEYS if k not in pool_status.OWNED_KEYS)
+State = s.PoolState | r.ResidencyState
 FIRST = (s.ProbeIdle, s.ProbeActivity, s.Scale)
 
 
@@ -40,16 +47,16 @@ class PoolReconciler:
         self.ctx = ctx
         self.servers = servers
         self.prewarm = prewarm
-        # Each pool's swap state, by (namespace, name): restored from status when first seen.
-        self.states: dict[tuple[str, str], s.PoolState] = {}
+        # Each pool's state, by (namespace, name): its swap (`swap`) or, with a memory
+        # budget, its residents (`residency`); restored from status when first seen.
+        self.states: dict[tuple[str, str], State] = {}
         # The answers of idle probes run beside the reconciles, fed to the pool's next step.
         self.idle_results: dict[tuple[str, str], list[s.IdleResult | s.ActivityResult]] = (
             defaultdict(list))
 
     def wanted(self, namespace: str, pool: str) -> dict[str, int] | None:
         """The replicas `pool` wants of each member; None while that cannot be known."""
-        state = self.states.get((namespace, pool))
-        return s.desired_replicas(state) if state is not None else None
+        return _desired(self.states.get((namespace, pool)))
 
     async def reconcile(self, key: Key) -> Result:
         ctx = self.ctx
@@ -73,6 +80,7 @@ class PoolReconciler:
         except SpecError as e:
             config = s.PoolConfig(members=())
             problem: s.Problem | None = s.Problem("InvalidSpec", str(e))
+            budgeted: ModelPoolSpec | None = None
         else:
             config = s.PoolConfig(
                 members=spec.member_names,
@@ -86,6 +94,7 @@ class PoolReconciler:
                 idle_unload_after=spec.idle_unload_after_seconds,
             )
             problem = self._problem(spec)
+            budgeted = spec
             if problem is not None and problem.reason == MEMBER_NOT_FOUND:
                 remaining = ctx.settling.remaining(POOL, body)
                 if remaining is not None:
@@ -93,9 +102,10 @@ class PoolReconciler:
                     result = Result(remaining)
         now = ctx.clock()
         previous = self.states.get(state_key)
-        state = previous
-        if state is None:
-            state = pool_status.restore(config, generation, status)
+        if budgeted is not None and budgeted.gpu_memory is not None:
+            config = r.ResidencyConfig(
+                **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)},
+                gpu_memory=budgeted.gpu_memory, footprints=self._footprints(budgeted))
         events: list[s.Event] = [
             s.SpecObserved(config, generation, problem),
             s.RequestObserved(pool_status.request_of(status)),
@@ -103,10 +113,29 @@ class PoolReconciler:
             *self.idle_results.pop(state_key, []),
             s.Tick(),
         ]
-        actions: list[s.Action] = []
-        for event in events:
-            state, more = s.step(state, event, now)
-            actions += more
+        actions: list[s.Action | r.Action] = []
+        state: State
+        if isinstance(config, r.ResidencyConfig):
+            budget = (previous if isinstance(previous, r.ResidencyState)
+                      else residency_status.restore(config, generation, status))
+            for event in events:
+                budget, more = r.step(budget, event, now)
+                actions += more
+            state = budget
+            residents: str | set[str] | None = set(budget.residents)
+            owned = residency_status.pool_status(budget, status, now)
+            wake = r.next_wakeup(budget)
+        else:
+            swap = (previous if isinstance(previous, s.PoolState)
+                    else pool_status.restore(config, generation, status))
+            for event in events:
+                swap, swap_actions = s.step(swap, event, now)
+                actions += swap_actions
+            state = swap
+            residents = swap.resident
+            owned = {**pool_status.pool_status(swap, status, now),
+                     **dict.fromkeys(BUDGETED_ONLY)}
+            wake = s.next_wakeup(swap)
         self.states[state_key] = state
         logger = ctx.writer.logger(body, log)
         ctx.metrics.pool_seen(namespace, name, config.members)
@@ -114,7 +143,7 @@ class PoolReconciler:
         for action in actions:
             if isinstance(action, RECORDED):
                 await self._execute(namespace, name, action, logger)
-        ctx.metrics.set_resident(namespace, name, config.members, state.resident)
+        ctx.metrics.set_resident(namespace, name, config.members, residents)
         # Then what the swap waits on, at once: an idle probe, a scale. The swap's order
         # lives in the state machine (a target is scaled up only in the step that saw
         # the incumbent's pods gone), so the status write need not come first; should
@@ -123,7 +152,7 @@ class PoolReconciler:
         # A member scaled twice in one reconcile (up, then back down by a swap abandoned
         # in a later step) is scaled once, to where the last step left it; while the
         # spec has a problem nothing is scaled: the member keeps whatever runs.
-        scaling = s.desired_replicas(state) is not None
+        scaling = _desired(state) is not None
         last_scale = {a.member: a for a in actions if isinstance(a, s.Scale)}
         for action in actions:
             if isinstance(action, s.Scale):
@@ -134,22 +163,26 @@ class PoolReconciler:
         # Level-based, so a pod the ReplicaSet creates later (a staged target, a
         # resident's pod replaced) is released by the pool's next reconcile, which its
         # creation triggers.
-        await ctx.writer.release(namespace, s.released(state), logger)
+        released = (r.released(state) if isinstance(state, r.ResidencyState)
+                    else s.released(state))
+        await ctx.writer.release(namespace, released, logger)
         self._wake_members(namespace, previous, state, actions)
         # Then status, then cleared requests (after lastSwap, which is how routers learn
         # of an abandoned swap) and Events.
-        owned = pool_status.pool_status(state, status, now)
         await ctx.writer.write_status(ctx.stores.pools, body, owned)
         for action in actions:
             if not isinstance(action, (*RECORDED, *FIRST)):
                 await self._execute(namespace, name, action, logger)
-        await self.prewarm.sync(namespace, name, body, state if prewarm else None, logger)
-        wake = s.next_wakeup(state)
+        # The prewarm reads the target's weights while the incumbent drains: an exclusive
+        # pool's swap only (a budgeted pool's loads evict nobody when the target fits).
+        await self.prewarm.sync(namespace, name, body,
+                                state if prewarm and isinstance(state, s.PoolState) else None,
+                                logger)
         if wake is not None:
             result = result.sooner(max(0.0, wake - ctx.clock()))
         return result
 
-    async def _execute(self, namespace: str, pool: str, action: s.Action,
+    async def _execute(self, namespace: str, pool: str, action: s.Action | r.Action,
                        logger: ObjectLogger) -> None:
         """Perform one action of the swap's but a Scale (`_scale`)."""
         m = self.ctx.metrics
@@ -174,6 +207,11 @@ class PoolReconciler:
             m.swap_deferrals_total.labels(namespace, pool, action.reason).inc()
         elif isinstance(action, s.RecordIdleUnload):
             m.idle_unloads_total.labels(namespace, pool, action.member).inc()
+        elif isinstance(action, r.RecordEviction):
+            m.evictions_total.labels(namespace, pool, action.member, action.for_).inc()
+        elif isinstance(action, r.RecordLoad):
+            m.swap_done(namespace, pool, action.evicted[0] if action.evicted else None,
+                        action.to, action.duration, action.phases)
 
     async def _scale(self, namespace: str, action: s.Scale, logger: ObjectLogger,
                      scaling: bool) -> None:
@@ -234,15 +272,15 @@ class PoolReconciler:
 
         ctx.background.start(run(), f"probe-{member}")
 
-    def _wake_members(self, namespace: str, previous: s.PoolState | None,
-                      state: s.PoolState, actions: Sequence[s.Action]) -> None:
+    def _wake_members(self, namespace: str, previous: State | None,
+                      state: State, actions: Sequence[s.Action | r.Action]) -> None:
         """Reconcile the members whose wanted replicas changed in this step without a
         Scale action of their own (a pool first seen, a problem fixed): a status write
         of the pool no longer wakes every member."""
-        after = s.desired_replicas(state)
+        after = _desired(state)
         if after is None:
             return
-        before = s.desired_replicas(previous) if previous is not None else None
+        before = _desired(previous)
         scaled = {a.member for a in actions if isinstance(a, s.Scale)}
         for member, replicas in after.items():
             if member not in scaled and (before is None or before.get(member) != replicas):
@@ -272,6 +310,18 @@ class PoolReconciler:
         if invalid:
             return s.Problem("InvalidMember", "; ".join(invalid))
         return footprint_problem(spec, parsed)
+
+    def _footprints(self, spec: ModelPoolSpec) -> dict[str, int]:
+        """Each member's footprint in bytes (0 where none is stated: the spec's problem
+        then says so, and the pool acts on nothing)."""
+        parsed = {}
+        for m in spec.member_names:
+            try:
+                parsed[m] = ModelServerSpec.from_body(
+                    self.ctx.stores.servers.get(spec.namespace, m) or {})
+            except SpecError:
+                continue
+        return {m: size or 0 for m, size in footprints(spec, parsed).items()}
 
     def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
         pods: dict[str, int] = {}
@@ -317,6 +367,15 @@ class PoolReconciler:
             resource = DEFAULT_GPU_RESOURCE
         return scheduling.explain(member, message, resource,
                                   scheduling.holders(self.ctx.stores.pods.items(), resource))
+
+
+def _desired(state: State | None) -> dict[str, int] | None:
+    """The replicas the pool wants of each member; None while that cannot be known."""
+    if state is None:
+        return None
+    if isinstance(state, r.ResidencyState):
+        return r.desired_replicas(state)
+    return s.desired_replicas(state)
 
 
 def _waiting(problem: s.Problem) -> s.Problem:

@@ -565,7 +565,7 @@ def test_valid_objects_get_the_defaults_spec_py_assumes(
         ["modelpool.modelpool.dev/p", "modelserver.modelpool.dev/s", "modelrouter.modelpool.dev/r"]
     )
     columns = kubectl("get", "mpool", "p", "-n", namespace).stdout.split("\n")[0].split()
-    assert columns == ["NAME", "RESIDENT", "PHASE", "POLICY", "AGE"]
+    assert columns == ["NAME", "RESIDENT", "PHASE", "POLICY", "RESIDENTS", "AGE"]
     # the singular name is not shadowed by a category
     assert kubectl("get", "modelpool", "p", "-n", namespace, "-o", "name").stdout.strip() == (
         "modelpool.modelpool.dev/p"
@@ -598,8 +598,9 @@ def test_budgeted_and_exclusive_pools_are_admitted_and_parse_to_bytes(
     assert [(p.gpu_memory, [m.gpu_memory for m in p.members]) for p in pools.values()] == [
         (48 * gi, [8 * gi, 48 * gi, None]), (48 * 10**9, [3 * gi // 2]), (None, [None, None])]
     wide = kubectl("get", "mpool", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "RESIDENT", "PHASE", "POLICY", "BUDGET", "AGE"]
-    start, end = wide[0].index("BUDGET"), wide[0].index("AGE")  # empty cells print as blanks
+    assert wide[0].split() == ["NAME", "RESIDENT", "PHASE", "POLICY", "RESIDENTS", "BUDGET",
+                               "ROOM", "AGE"]
+    start, end = wide[0].index("BUDGET"), wide[0].index("ROOM")  # empty cells print as blanks
     budgets = {line.split()[0]: line[start:end].strip() for line in wide[1:]}
     assert budgets == {"budgeted": "48Gi", "decimal": str(48 * 10**9), "exclusive": ""}
 

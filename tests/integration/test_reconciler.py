@@ -505,6 +505,60 @@ async def test_a_budgeted_pool_with_a_member_lacking_a_footprint_stalls_until_fi
     assert c2 is not None and c2["status"] == "False"
 
 
+GIB = 1 << 30
+
+
+async def residents_are(running: Running, members: set[str], within: float = 90) -> Json:
+    async def check() -> Json | None:
+        body = await running.pool()
+        status = body.get("status") or {}
+        names = {r["name"] for r in status.get("residents") or []}
+        return body if status.get("phase") == "Ready" and names == members else None
+
+    return await eventually(check, f"pool Ready with {sorted(members)} resident", within)
+
+
+async def test_a_budgeted_pool_holds_what_fits_and_evicts_the_least_recently_used(
+    reconciler: Running, kubectl: Any, namespace: str
+) -> None:
+    """16 GiB; a 8 GiB, b 6 GiB, c 10 GiB. a and b fit together: a request for b loads it
+    beside a, nobody drained. c does not fit beside both: the least recently used (a) is
+    evicted for it, and the footprints placed never pass the budget."""
+    sizes = {"a": 8 * GIB, "b": 6 * GIB, "c": 10 * GIB}
+    budgeted = pool(["a", "b", "c"])
+    budgeted["spec"]["gpuMemory"] = "16Gi"
+    for entry in budgeted["spec"]["members"]:
+        entry["gpuMemory"] = str(sizes[entry["name"]])
+    async with sampling(reconciler.kube, namespace) as samples:
+        apply(kubectl, namespace, server("a"), server("b"), server("c"), budgeted)
+        await residents_are(reconciler, {"a"})
+        await reconciler.request("b")
+        body = await residents_are(reconciler, {"a", "b"})
+        assert body["status"]["roomLeft"] == 2 * GIB
+        assert replicas(kubectl, namespace, "a") == 1, "a fits beside b: never drained"
+        assert reconciler.sample("modelpool_evictions_total", pool="slot", member="a",
+                                 for_member="b") == 0
+        generation = await reconciler.request("c")
+        body = await residents_are(reconciler, {"b", "c"})
+    assert all(sum(sizes[m] for m in placed) <= 16 * GIB for placed in samples), samples
+    assert {"a", "b"} in samples, "a and b never ran together"
+    status = body["status"]
+    assert replicas(kubectl, namespace, "a") == 0
+    last = status["lastSwap"]
+    assert (last["to"], last["evicted"], last["generation"], last["outcome"]) == (
+        "c", ["a"], generation, "Succeeded")
+    assert [(r["name"], r["gpuMemory"]) for r in status["residents"]] == [
+        ("b", 6 * GIB), ("c", 10 * GIB)]
+    assert status["roomLeft"] == 0 and status["loads"] == []
+    assert reconciler.sample("modelpool_evictions_total", pool="slot", member="a",
+                             for_member="c") == 1
+    for member, resident in (("a", 0), ("b", 1), ("c", 1)):
+        assert reconciler.sample("modelpool_resident", pool="slot", member=member) == resident
+    await event_seen(kubectl, namespace, "slot", "Evicted")
+    listed = kubectl("get", "mpool", "slot", "-n", namespace).stdout
+    assert "b,c" in listed, listed
+
+
 async def test_a_pool_applied_before_its_members_is_in_progress_never_degraded(
     reconciler: Running, kubectl: Any, namespace: str
 ) -> None:

@@ -76,7 +76,8 @@ def _schema(plural: str) -> dict[str, Any]:
     ("plural", "kind", "short", "columns"),
     [
         ("modelservers", "ModelServer", "ms", ["Runtime", "Phase", "Pool", "Age"]),
-        ("modelpools", "ModelPool", "mpool", ["Resident", "Phase", "Policy", "Budget", "Age"]),
+        ("modelpools", "ModelPool", "mpool",
+         ["Resident", "Phase", "Policy", "Residents", "Budget", "Room", "Age"]),
         ("modelrouters", "ModelRouter", "mrouter", ["Phase", "Endpoint", "Age"]),
     ],
 )

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 RECONCILER = Path(__file__).resolve().parents[2] / "reconciler"
 PURE = ("swap", "residency", "pool_status", "server_status", "router_status", "merge_patch",
         "objects", "conditions", "scheduling", "spec", "timefmt", "render", "router_config",
-        "idle", "quantity", "footprints", "kv_cache")
+        "idle", "quantity", "footprints", "kv_cache", "residency_status")
 IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
 # Each layer imports only from the layers after it.
 LAYERS = (

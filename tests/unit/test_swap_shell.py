@@ -193,6 +193,13 @@ def index(calls: list[tuple[str, str, str]], call: tuple[str, str, str]) -> int:
     return calls.index(call)
 
 
+
+def swap_state(c: Any) -> s.PoolState:
+    """The exclusive pool's swap state the shell keeps."""
+    state = c.pool_reconciler.states[(NS, "slot")]
+    assert isinstance(state, s.PoolState)
+    return state
+
 async def test_the_staged_target_is_released_before_the_pool_status_is_written() -> None:
     kube = FakeKube()
     c = controller(kube, [gated("b")])  # the incumbent's pods are gone
@@ -202,7 +209,7 @@ async def test_the_staged_target_is_released_before_the_pool_status_is_written()
         config=config(), generation=1, request=s.Request("b", 3), resident=None,
         swap=unloading, observed=s.MemberPods(pods={"a": 1, "b": 1}))
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
-    state = c.pool_reconciler.states[(NS, "slot")]
+    state = swap_state(c)
     assert state.swap is not None and state.swap.phase is s.Phase.LOADING
     release = index(kube.calls, ("patch", "Pod", "b-2"))
     assert release < index(kube.calls, ("status", "ModelPool", "slot"))
@@ -221,7 +228,7 @@ async def test_a_staged_target_stays_gated_while_the_incumbent_unloads() -> None
         config=config(), generation=1, request=s.Request("b", 3), resident=None,
         swap=unloading, observed=s.MemberPods(pods={"a": 1, "b": 1}, terminating={"a": 1}))
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
-    state = c.pool_reconciler.states[(NS, "slot")]
+    state = swap_state(c)
     assert state.swap is not None and state.swap.phase is s.Phase.UNLOADING
     assert not [call for call in kube.calls if call[0] == "patch"], kube.calls
 
@@ -424,7 +431,7 @@ async def test_an_idle_probe_that_raises_fails_closed() -> None:
     assert Key(POOL, NS, "slot") in queued(c)  # the answer wakes the pool
 
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
-    state = c.pool_reconciler.states[(NS, "slot")]
+    state = swap_state(c)
     assert state.swap is not None and state.swap.phase is s.Phase.DRAINING
     assert state.swap.deferral == s.Deferral(
         s.IDLE_CHECK_FAILED, "idle check of a failed: RuntimeError")
@@ -461,14 +468,14 @@ async def test_a_swap_prewarms_its_target_on_the_incumbents_node_until_the_swap_
     c.pool_reconciler.idle_results[(NS, "slot")].append(s.IdleResult("a", s.Verdict.IDLE))
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
-    state = c.pool_reconciler.states[(NS, "slot")]
+    state = swap_state(c)
     assert state.swap is not None and state.swap.phase is s.Phase.LOADING
     assert ("delete", "Pod", "slot-prewarm") not in kube.calls
     # b is Ready: the swap is over, and the prewarm pod goes, once
     c.pods.cache[(NS, "b-1")] = pod("b")
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
-    state = c.pool_reconciler.states[(NS, "slot")]
+    state = swap_state(c)
     assert state.swap is None and state.resident == "b"
     assert kube.calls.count(("delete", "Pod", "slot-prewarm")) == 1
     assert kube.calls.count(("apply", "Pod", "slot-prewarm")) == 1
@@ -506,7 +513,7 @@ async def test_a_prewarm_pod_left_from_an_earlier_swap_is_deleted_when_it_is_in_
     c.pods.cache[(NS, "b-1")] = pod("b")
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
     await c.pool_reconciler.reconcile(Key(POOL, NS, "slot"))
-    assert c.pool_reconciler.states[(NS, "slot")].swap is None
+    assert swap_state(c).swap is None
     assert kube.calls.count(("delete", "Pod", "slot-prewarm")) == 1
 
 
