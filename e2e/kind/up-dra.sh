@@ -3,9 +3,9 @@
 # apart from the main one (up.sh): one node, kind's control plane, labelled with two fake
 # GPUs of 1024 MiB each, on a node image whose containerd injects CDI devices
 # (build-images.sh with MODELPOOL_KIND_CONTAINERD, default v2.3.4: Debian's containerd 1.6
-# has no CDI), flannel, the fake model server's image side-loaded, and the driver's
-# DaemonSet and DeviceClass (fake-gpu-dra.yaml), waited for until the node's ResourceSlice
-# is published. Its pod and Service ranges differ from the main cluster's, and it adds no
+# has no CDI), flannel, the fake model server's image (and the real llama-server's, where
+# build-and-load.sh built it) side-loaded, and the driver's DaemonSet and DeviceClass
+# (fake-gpu-dra.yaml), waited for until the node's ResourceSlice is published. Its pod and Service ranges differ from the main cluster's, and it adds no
 # routes on this machine: its tests reach pods through kubectl. Idempotent.
 # Prints each stage's time, and the kubeconfig path as its last line.
 #
@@ -28,6 +28,7 @@ POD_SUBNET=10.246.0.0/16
 SERVICE_SUBNET=10.95.0.0/16
 DRIVER_IMAGE=modelpool/fake-gpu-dra:e2e
 FAKE_MODEL_IMAGE=modelpool/fake-model:e2e
+LLAMA_IMAGE=modelpool/llama-server:e2e
 
 log() { printf '[kind-dra %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 stage_start=$SECONDS
@@ -104,8 +105,11 @@ if ! docker image inspect "${DRIVER_IMAGE%:*}:$key" >/dev/null 2>&1; then
   rm -rf "$dir"
 fi
 docker tag "${DRIVER_IMAGE%:*}:$key" "$DRIVER_IMAGE"
-kind_ load docker-image --name "$cluster" "$DRIVER_IMAGE" "$FAKE_MODEL_IMAGE" >/dev/null
-stage "images loaded ($DRIVER_IMAGE, $FAKE_MODEL_IMAGE)"
+images=("$DRIVER_IMAGE" "$FAKE_MODEL_IMAGE")
+# the real llama-server, where build-and-load.sh has built it (its test needs it)
+docker image inspect "$LLAMA_IMAGE" >/dev/null 2>&1 && images+=("$LLAMA_IMAGE")
+kind_ load docker-image --name "$cluster" "${images[@]}" >/dev/null
+stage "images loaded (${images[*]})"
 
 kubectl_ apply -f "$here/fake-gpu-dra.yaml" >/dev/null
 KUBECONFIG="$kubeconfig" bash "$here/roll-to-image.sh" daemonset/modelpool-fake-gpu-dra kube-system "$DRIVER_IMAGE"

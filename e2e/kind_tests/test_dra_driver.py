@@ -44,6 +44,7 @@ MIB = 1 << 20
 LEDGER_DIR = "lib/modelpool-fake-gpu/locks"  # under the node's /var
 CDI_DIR = "/var/run/cdi"
 CONTAINER_LOCK_DIR = "/run/modelpool-gpu-locks"
+LLAMA_IMAGE = "modelpool/llama-server:e2e"  # the real llama-server (e2e/kind/README.md)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,16 @@ def ledger_dir(node: str) -> Path:
     return Path(var) / LEDGER_DIR
 
 
+def charged(node: str, index: str, count: int) -> list[int]:
+    """The bytes charged to device `index` of the node once `count` servers hold a charge
+    (a container is running before its server has charged the ledger)."""
+    def read() -> list[int] | None:
+        found = sorted(c.bytes for c in live_charges(ledger_dir(node), index))
+        return found if len(found) == count else None
+    return harness.eventually(read, f"{count} live charges on GPU {index} of {node}", 60,
+                              lambda: live_charges(ledger_dir(node), index))
+
+
 def plugin_pod(kubectl: Kubectl, node: str) -> Any:
     pods = kubectl.json("get", "pods", "-n", "kube-system", "-l",
                         f"app.kubernetes.io/name={DAEMONSET}",
@@ -91,9 +102,11 @@ def claim(name: str) -> harness.Json:
                 {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}
 
 
-def server(name: str, claim_name: str, footprint_mib: int) -> harness.Json:
-    """A fake model server (Pod Security `restricted`) on the claim's device, charging
-    `footprint_mib` to its ledger; it is not restarted when it fails."""
+def server(name: str, claim_name: str, footprint_mib: int,
+           image: str = harness.FAKE_MODEL_IMAGE,
+           args: tuple[str, ...] | None = None) -> harness.Json:
+    """A fake model server (or `image` with `args`), Pod Security `restricted`, on the
+    claim's device, charging `footprint_mib` to its ledger; not restarted when it fails."""
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {
@@ -103,9 +116,9 @@ def server(name: str, claim_name: str, footprint_mib: int) -> harness.Json:
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
             "containers": [{
-                "name": "server", "image": harness.FAKE_MODEL_IMAGE,
+                "name": "server", "image": image,
                 "imagePullPolicy": "Never",
-                "args": ["--mode", "openai", "--model", name],
+                "args": list(args or ("--mode", "openai", "--model", name)),
                 "env": [{"name": "MODELPOOL_GPU_FOOTPRINT",
                          "value": str(footprint_mib * MIB)}],
                 "resources": {"claims": [{"name": "gpu"}]},
@@ -202,8 +215,7 @@ def test_a_claim_is_prepared_for_its_pod_and_unprepared_when_the_pod_goes(
     mounts = kind_kubectl("exec", "-n", ns, "solo", "--", "cat", "/proc/mounts").stdout
     assert f" {CONTAINER_LOCK_DIR} " in mounts, mounts
     # the server charged the node's ledger through the mount
-    charges = live_charges(ledger_dir(node), index)
-    assert [c.bytes for c in charges] == [100 * MIB], charges
+    assert charged(node, index, 1) == [100 * MIB]
 
     uid = claim_uid(kind_kubectl, ns, "one")
     spec = cdi_spec(node, uid)
@@ -229,8 +241,7 @@ def test_pods_that_share_a_claim_share_its_device_and_its_ledger(
     devices = {container_env(kind_kubectl, ns, n)["NVIDIA_VISIBLE_DEVICES"] for n in "ab"}
     assert len(devices) == 1, devices
     index = devices.pop()
-    charges = live_charges(ledger_dir(node), index)
-    assert sorted(c.bytes for c in charges) == [footprint * MIB] * 2, charges
+    assert charged(node, index, 2) == [footprint * MIB] * 2
 
     # a third on the same device passes its memory: it fails loudly, as CUDA would
     create(kind_kubectl, ns, server("c", "shared", footprint))
@@ -282,3 +293,26 @@ def test_after_a_kubelet_restart_the_driver_is_found_again(
         plugin["status"]["containerStatuses"][0]["restartCount"]
     assert running(kind_kubectl, ns, "before")
     delete_pods(kind_kubectl, ns, "before", "after")
+
+
+@pytest.mark.build("llama-server")
+def test_a_real_llama_server_charges_the_claimed_device_beside_a_fake_one(
+    kind_kubectl: Kubectl, restricted_namespace: str, gpu_node: dict[str, Any],
+) -> None:
+    ns, node = restricted_namespace, node_name(gpu_node)
+    footprint = int(gpu_node["metadata"]["labels"][MEMORY_LABEL]) * 4 // 10
+    llama_args = ("-m", "/models/beta.gguf", "--host", "0.0.0.0", "--port", "8080")
+    create(kind_kubectl, ns, claim("mixed"), server("fake", "mixed", footprint),
+           server("llama", "mixed", footprint, LLAMA_IMAGE, llama_args))
+    harness.eventually(lambda: running(kind_kubectl, ns, "fake"), "pod fake to run", 120)
+    harness.eventually(lambda: running(kind_kubectl, ns, "llama"), "pod llama to run", 120)
+    index = container_env(kind_kubectl, ns, "llama")["NVIDIA_VISIBLE_DEVICES"]
+    assert charged(node, index, 2) == [footprint * MIB] * 2
+    # a second real server would pass the device's memory: it never starts
+    create(kind_kubectl, ns, server("llama2", "mixed", footprint, LLAMA_IMAGE, llama_args))
+    ended = harness.eventually(lambda: terminated(kind_kubectl, ns, "llama2"),
+                               "pod llama2 to fail on the full device", 120)
+    assert ended["exitCode"] == 3, ended
+    assert f"GPU {index} out of memory" in kind_kubectl("logs", "-n", ns, "llama2").stdout
+    delete_pods(kind_kubectl, ns, "fake", "llama", "llama2")
+    assert live_charges(ledger_dir(node), index) == []
