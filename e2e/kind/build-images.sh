@@ -13,13 +13,18 @@
 #   modelpool/kind-node:<k8s>-<rev>  kind's node: its base files (from the kind module), the
 #                                    kubelet, kubeadm, kubectl, crictl and CNI plugins, and
 #                                    the images above, imported into containerd at boot
+#   modelpool/kind-node:<k8s>-<rev>-containerd-<v>
+#                                    only with MODELPOOL_KIND_CONTAINERD=<v>: that node with
+#                                    containerd <v> (build-containerd.sh) in place of
+#                                    Debian's 1.6, which has no CDI (a DRA driver needs it)
 #
 # Where kind's official node image can be pulled (kindest/node), up.sh uses that instead and
 # only the modelpool images are built. Prints the node image's name as its last line;
 # `build-images.sh --root` builds and prints only the Debian root.
 #
 # Environment: MODELPOOL_CACHE, MODELPOOL_K8S_VERSION, MODELPOOL_DEBIAN_MIRROR (default: the
-# archive apt on this machine is configured to fetch bookworm from: debian-mirror.sh).
+# archive apt on this machine is configured to fetch bookworm from: debian-mirror.sh),
+# MODELPOOL_KIND_CONTAINERD (unset: the node runs Debian's containerd).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -179,6 +184,28 @@ EOF
   log "$NODE_IMAGE: done in $((SECONDS - start))s"
 }
 
+# The node with another containerd in /usr/local/bin, where kind's containerd.service and
+# PATH find it before Debian's. containerd 2.x reads kind's version 2 config as it is and
+# injects CDI devices by default.
+build_node_containerd() {
+  local version="$1" image="$NODE_IMAGE-containerd-$1"
+  have "$image" && { echo "$image"; return 0; }
+  local start=$SECONDS bin dir="$WORK/node-containerd"
+  bin="$(bash "$here/build-containerd.sh" "$version" | tail -n 1)"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp "$bin/containerd" "$bin/ctr" "$bin/containerd-shim-runc-v2" "$dir/"
+  cat >"$dir/Dockerfile" <<EOF
+FROM $NODE_IMAGE
+RUN rm -f /usr/local/bin/containerd /usr/local/bin/ctr /usr/local/bin/containerd-shim-runc-v2
+COPY containerd ctr containerd-shim-runc-v2 /usr/local/bin/
+EOF
+  DOCKER_BUILDKIT=0 docker build -q -t "$image" "$dir" >/dev/null 2>&1 || {
+    DOCKER_BUILDKIT=0 docker build -t "$image" "$dir" >&2; exit 1; }
+  rm -rf "$dir"
+  log "$image: done in $((SECONDS - start))s"
+  echo "$image"
+}
+
 have "$ROOT_IMAGE" || build_root
 if [[ ${1:-} == --root ]]; then  # the Debian root alone (the offline Python base)
   echo "$ROOT_IMAGE"
@@ -186,4 +213,8 @@ if [[ ${1:-} == --root ]]; then  # the Debian root alone (the offline Python bas
 fi
 build_components
 build_node
-echo "$NODE_IMAGE"
+if [[ -n ${MODELPOOL_KIND_CONTAINERD:-} ]]; then
+  build_node_containerd "$MODELPOOL_KIND_CONTAINERD"
+else
+  echo "$NODE_IMAGE"
+fi

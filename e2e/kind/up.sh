@@ -10,6 +10,8 @@
 #   KIND_CLUSTER_NAME          cluster name (default modelpool)
 #   MODELPOOL_KIND_KUBECONFIG  where to write the kubeconfig (default: in the cache)
 #   MODELPOOL_KIND_NODE_IMAGE  a node image to use as it is (skips the pull and the build)
+#   MODELPOOL_KIND_CONTAINERD  a built node image's containerd (build-images.sh; unset:
+#                              Debian's). The DRA cluster (up-dra.sh) sets it.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
