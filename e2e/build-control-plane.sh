@@ -6,7 +6,9 @@
 # One deliberate change to upstream: the testbed runs pods on loopback addresses
 # (127.0.x.y), which EndpointSlice validation rejects, so kube-apiserver is built from a
 # copy of k8s.io/kubernetes whose EndpointSlice validation accepts loopback addresses
-# (see patch_endpointslice_validation below). Nothing else differs from the release.
+# (see patch_endpointslice_validation below). Nothing else differs from the release, except
+# where the module proxy lacks a staging module at the release's version (see
+# pin_unserved_staging below: the build log names each such module).
 #
 #   e2e/build-control-plane.sh            # build (or reuse) and print the bin dir
 #
@@ -97,6 +99,7 @@ build_kube() {
     # Every `k8s.io/x => ./staging/src/k8s.io/x` line becomes `k8s.io/x => k8s.io/x v0.X.Y`.
     sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#replace \1 => \1 '"$staging_version"'#p' "$src"
   } >"$dir/go.mod"
+  pin_unserved_staging "$dir/go.mod" "$staging_version"
   cat >"$dir/tools.go" <<'GO'
 //go:build tools
 
@@ -133,6 +136,31 @@ GO
   done
 }
 
+# A module proxy that mirrors only part of the public one may not serve every staging
+# module at the release's own v0.X.Y. Such a module is replaced by the newest earlier patch
+# of the same minor that the proxy serves (staging modules change little between patches),
+# and the build says so; where every module is served, go.mod is left as written.
+pin_unserved_staging() {
+  local gomod="$1" version="$2" mod p pinned
+  local minor="${version%.*}" patch="${version##*.}"
+  for mod in $(sed -n 's#^replace \([^ ]*\) => .*#\1#p' "$gomod"); do
+    (cd "$WORK" && GOFLAGS= go mod download "$mod@$version" 2>/dev/null) && continue
+    pinned=""
+    for ((p = patch - 1; p >= 0; p--)); do
+      if (cd "$WORK" && GOFLAGS= go mod download "$mod@$minor.$p" 2>/dev/null); then
+        pinned="$minor.$p"
+        break
+      fi
+    done
+    if [[ -z $pinned ]]; then
+      log "kubernetes: the module proxy serves $mod at neither $version nor an earlier $minor.Z (fatal only if a binary imports it)"
+      continue
+    fi
+    sed -i "s#^replace $mod => $mod $version\$#replace $mod => $mod $pinned#" "$gomod"
+    log "kubernetes: the module proxy does not serve $mod $version; using $pinned"
+  done
+}
+
 # kube-apiserver is built in its own consumer module, where k8s.io/kubernetes is replaced
 # by a copy of the release's source with one file patched. (`go build -overlay` cannot
 # replace files in the module cache.) Only k8s.io/kubernetes packages are recompiled; the
@@ -157,28 +185,35 @@ patched_apiserver_module() {
   printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$dir/tools.go"
 }
 
-# EndpointSlice validation calls ValidateEndpointIP, which refuses 127.0.0.0/8. The
-# patch replaces those two calls with one that accepts loopback addresses and checks
-# every other address as before.
+# EndpointSlice validation calls ValidateEndpointIP (ValidateNonSpecialIP before 1.33),
+# which refuses 127.0.0.0/8. The patch replaces those two calls with one that accepts
+# loopback addresses and checks every other address as before. Releases whose file does
+# not import k8s.io/utils/net yet get the import the wrapper needs.
 patch_endpointslice_validation() {
   local file="$1"
-  local call='apivalidation.ValidateEndpointIP(address, addressPath.Index(i))'
-  local count
-  count="$(grep -cF "$call" "$file" || true)"
+  local check call count=0
+  for check in ValidateEndpointIP ValidateNonSpecialIP; do
+    call="apivalidation.$check(address, addressPath.Index(i))"
+    count="$(grep -cF "$call" "$file" || true)"
+    [[ $count -eq 0 ]] || break
+  done
   if [[ $count -ne 2 ]]; then
-    log "patch: expected 2 calls to ValidateEndpointIP in $file, found $count"
+    log "patch: expected 2 calls to ValidateEndpointIP or ValidateNonSpecialIP in $file, found $count"
     exit 1
   fi
-  sed -i "s/apivalidation\.ValidateEndpointIP(address, addressPath\.Index(i))/testbedEndpointIP(address, addressPath.Index(i))/" "$file"
-  cat >>"$file" <<'GO'
+  sed -i "s/apivalidation\.$check(address, addressPath\.Index(i))/testbedEndpointIP(address, addressPath.Index(i))/" "$file"
+  if ! grep -qF 'netutils "k8s.io/utils/net"' "$file"; then
+    sed -i '0,/^import (/s##import (\n\tnetutils "k8s.io/utils/net"\n#' "$file"
+  fi
+  cat >>"$file" <<GO
 
-// testbedEndpointIP is apivalidation.ValidateEndpointIP that also accepts loopback
+// testbedEndpointIP is apivalidation.$check that also accepts loopback
 // addresses: the modelpool testbed gives each pod its own address in 127.0.0.0/8.
 func testbedEndpointIP(address string, fldPath *field.Path) field.ErrorList {
 	if ip := netutils.ParseIPSloppy(address); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return apivalidation.ValidateEndpointIP(address, fldPath)
+	return apivalidation.$check(address, fldPath)
 }
 GO
   log "patch: EndpointSlices may hold loopback addresses ($file)"
