@@ -29,6 +29,7 @@ from reconciler.router_config import (
 from reconciler.spec import (
     API_VERSION,
     DEFAULT_ROUTER_IMAGE,
+    KV_CACHE_MOUNT_PATH,
     ModelPoolSpec,
     ModelRouterSpec,
     ModelServerSpec,
@@ -219,10 +220,14 @@ class Renderer:
         owner_uid: str | None,
         pool: str | None = None,
         routers: Sequence[str] = (),
+        gpu_footprint: int | None = None,
     ) -> list[dict[str, Any]]:
         """The Deployment, Service and NetworkPolicy of `ms`, at `replicas` (pool members
         start at 0; the caller decides). `pool` adds the `modelpool.dev/pool` label (not in
         the selector, so membership can change without replacing the Deployment).
+        `gpu_footprint`, a budgeted pool's member's footprint in bytes, is given to the
+        container as `MODELPOOL_GPU_FOOTPRINT` (unless its env sets it): what it charges to a
+        shared device's memory ledger where one keeps it (the testbeds' fake GPUs).
         `routers` names the ModelRouters that front `ms`: with the reconciler's pods, the
         only ones its NetworkPolicy lets reach the serving port (none with
         `spec.allowDirectAccess`)."""
@@ -248,6 +253,8 @@ class Renderer:
             "readiness_path": readiness_path(ms),
             "routers": sorted(set(routers)),
             "slot_gate": SLOT_GATE if pool is not None else None,
+            "gpu_footprint": gpu_footprint,
+            "kv_mount": KV_CACHE_MOUNT_PATH,
             "label_router": LABEL_ROUTER,
             "reconciler_namespace": self.reconciler_namespace,
             "reconciler_name": RECONCILER_NAME,

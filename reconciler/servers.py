@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.context import Context
+from reconciler.footprints import footprints
 from reconciler.objects import labels, meta
 from reconciler.render import LABEL_SERVER, SERVER_KINDS
 from reconciler.server_status import server_status
-from reconciler.spec import ModelServerSpec, SpecError
+from reconciler.spec import ModelPoolSpec, ModelServerSpec, SpecError
 from reconciler.stores import Key, Result
 from reconciler.timefmt import parse
 
@@ -98,18 +99,33 @@ class ServerReconciler:
             return wanted[spec.name], Result()
         return live_replicas, Result()
 
+    def _footprint(self, spec: ModelServerSpec, pool: str | None) -> int | None:
+        """The member's footprint when its pool has a memory budget, else None."""
+        if pool is None:
+            return None
+        try:
+            pool_spec = ModelPoolSpec.from_body(self.ctx.stores.pools.get(spec.namespace, pool)
+                                                or {})
+        except SpecError:
+            return None
+        if pool_spec.gpu_memory is None:
+            return None
+        return footprints(pool_spec, {spec.name: spec}).get(spec.name)
+
     def _render(self, spec: ModelServerSpec, replicas: int, owner_uid: str | None,
                 pool: str | None) -> list[dict[str, Any]]:
         """A server's objects, rendered once per (spec generation, replicas, pool): every
         pod event reconciles its server, and a swap's scale-up should not wait for the
         templates to be rendered again to the same output."""
         routers = tuple(sorted(self.ctx.lookups.routers_of(spec.namespace, [spec.name])))
+        footprint = self._footprint(spec, pool)
         key = (spec.namespace, spec.name, spec.uid, spec.generation, replicas, owner_uid, pool,
-               routers)
+               routers, footprint)
         objects = self._rendered.get(key)
         if objects is None:
             objects = self.ctx.renderer.model_server(
-                spec, replicas=replicas, owner_uid=owner_uid, pool=pool, routers=routers)
+                spec, replicas=replicas, owner_uid=owner_uid, pool=pool, routers=routers,
+                gpu_footprint=footprint)
             if len(self._rendered) >= RENDER_CACHE_SIZE:
                 self._rendered.clear()
             self._rendered[key] = objects

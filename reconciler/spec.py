@@ -245,6 +245,24 @@ class Storage:
     read_only: bool = True
 
 
+KV_CACHE_MOUNT_PATH = "/var/lib/modelpool/kv-cache"
+DEFAULT_KV_SAVE_TIMEOUT = "10s"
+DEFAULT_KV_MAX_AGE = "24h"
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """A llama.cpp member's slots kept across an unload (spec.kvCache): saved on unload to
+    `pvc` and restored on load, within `max_bytes` of files and `save_timeout` of saving;
+    files older than `max_age` are not restored."""
+
+    persist: bool = False
+    pvc: str | None = None
+    max_bytes: int | None = None
+    save_timeout: float = 10.0
+    max_age: float = 86400.0
+
+
 @dataclass(frozen=True)
 class IdleSpec:
     """How to tell a server is idle, as written in spec.idle (no runtime defaults applied)."""
@@ -275,6 +293,7 @@ class ModelServerSpec:
     idle: IdleSpec | None = None
     allow_direct_access: bool = False
     scratch: bool = True
+    kv_cache: KvCache | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelServerSpec:
@@ -330,6 +349,27 @@ class ModelServerSpec:
         replicas = _int(spec, "replicas", where, 1)
         if replicas < 0:
             raise SpecError(f"spec.replicas must not be negative, not {replicas}")
+        kv_cache = None
+        raw_kv = _obj(spec, "kvCache", where)
+        if raw_kv:
+            if runtime != "llamacpp":
+                raise SpecError(f"spec.kvCache needs runtime llamacpp (slot save and restore), "
+                                f"not {runtime}")
+            persist = _typed(raw_kv.get("persist", False), bool, "spec.kvCache.persist",
+                             "a boolean")
+            kv_pvc = _str(raw_kv, "pvc", "spec.kvCache")
+            if persist and kv_pvc is None:
+                raise SpecError("spec.kvCache.persist needs spec.kvCache.pvc, the "
+                                "PersistentVolumeClaim the slots are saved to")
+            kv_cache = KvCache(
+                persist=persist,
+                pvc=kv_pvc,
+                max_bytes=_bytes(raw_kv, "maxSize", "spec.kvCache"),
+                save_timeout=_duration(raw_kv, "saveTimeout", "spec.kvCache",
+                                       DEFAULT_KV_SAVE_TIMEOUT) or 10.0,
+                max_age=_duration(raw_kv, "maxAge", "spec.kvCache", DEFAULT_KV_MAX_AGE)
+                or 86400.0,
+            )
         return cls(
             namespace=ref.namespace,
             name=ref.name,
@@ -358,6 +398,7 @@ class ModelServerSpec:
             allow_direct_access=_typed(spec.get("allowDirectAccess", False), bool,
                                        "spec.allowDirectAccess", "a boolean"),
             scratch=_typed(spec.get("scratch", True), bool, "spec.scratch", "a boolean"),
+            kv_cache=kv_cache,
         )
 
 

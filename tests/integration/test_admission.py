@@ -250,6 +250,27 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("spec.resources.gpuMemory", "must be a quantity of bytes"),
     ),
     (
+        "server-kv-cache-on-vllm",
+        _obj("ModelServer", "s", {**_SERVER, "runtime": "vllm",
+                                   "kvCache": {"persist": True, "pvc": "kv"}}),
+        ("spec.kvCache", "needs runtime llamacpp"),
+    ),
+    (
+        "server-kv-cache-persist-without-a-claim",
+        _obj("ModelServer", "s", {**_SERVER, "kvCache": {"persist": True}}),
+        ("spec.kvCache.pvc", "persist needs spec.kvCache.pvc"),
+    ),
+    (
+        "server-kv-cache-max-size-negative",
+        _obj("ModelServer", "s", {**_SERVER, "kvCache": {"pvc": "kv", "maxSize": "-1Gi"}}),
+        ("spec.kvCache.maxSize", "must be a positive quantity"),
+    ),
+    (
+        "server-kv-cache-save-timeout-not-a-duration",
+        _obj("ModelServer", "s", {**_SERVER, "kvCache": {"pvc": "kv", "saveTimeout": "soon"}}),
+        ("spec.kvCache.saveTimeout", "should match"),
+    ),
+    (
         "server-name-not-a-label",
         _obj("ModelServer", "9-lives", _SERVER),
         ("metadata.name", "DNS-1035 label"),
@@ -835,3 +856,15 @@ def test_rendered_pods_pass_the_restricted_level(
     )
     assert refused.returncode != 0
     assert "restricted" in refused.stderr and "hostPath" in refused.stderr, refused.stderr
+
+
+def test_a_kv_cache_on_a_claim_is_admitted_with_its_defaults(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    obj = _obj("ModelServer", "s", {**_SERVER, "kvCache": {"persist": True, "pvc": "kv"}})
+    kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(obj))
+    stored = kubectl.json("get", "modelserver", "s", "-n", namespace)
+    assert stored["spec"]["kvCache"] == {"persist": True, "pvc": "kv", "saveTimeout": "10s",
+                                         "maxAge": "24h"}
+    spec = ModelServerSpec.from_body(stored)
+    assert spec.kv_cache is not None and spec.kv_cache.pvc == "kv"

@@ -555,6 +555,10 @@ async def test_a_budgeted_pool_holds_what_fits_and_evicts_the_least_recently_use
     for member, resident in (("a", 0), ("b", 1), ("c", 1)):
         assert reconciler.sample("modelpool_resident", pool="slot", member=member) == resident
     await event_seen(kubectl, namespace, "slot", "Evicted")
+    # each member charges its footprint where its device keeps a ledger
+    deployment = kubectl.json("get", "deployment", "c", "-n", namespace)
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "MODELPOOL_GPU_FOOTPRINT", "value": str(10 * GIB)} in env
     listed = kubectl("get", "mpool", "slot", "-n", namespace).stdout
     assert "b,c" in listed, listed
 

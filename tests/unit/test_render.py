@@ -27,7 +27,13 @@ from reconciler.render import (
     RenderError,
     router_watches_servers,
 )
-from reconciler.spec import ModelPoolSpec, ModelRouterSpec, ModelServerSpec, SpecError
+from reconciler.spec import (
+    KvCache,
+    ModelPoolSpec,
+    ModelRouterSpec,
+    ModelServerSpec,
+    SpecError,
+)
 from tests.unit.test_render_cases import CHAT, EDGE, EMBED, GEMMA, POOL, QWEN, SERVERS, body
 
 pytestmark = pytest.mark.unit
@@ -152,6 +158,21 @@ def test_gpu_requests_equal_limits() -> None:
     }
 
 
+def test_a_budgeted_members_footprint_is_in_its_environment_unless_it_sets_one() -> None:
+    def env(ms: ModelServerSpec, footprint: int | None) -> list[dict[str, Any]]:
+        deploy = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None, pool="p",
+                                            gpu_footprint=footprint), "Deployment")
+        return list(deploy["spec"]["template"]["spec"]["containers"][0].get("env") or [])
+
+    assert {"name": "MODELPOOL_GPU_FOOTPRINT", "value": str(8 << 30)} in env(GEMMA, 8 << 30)
+    assert not [e for e in env(GEMMA, None) if e["name"] == "MODELPOOL_GPU_FOOTPRINT"]
+    own = replace(GEMMA, env=(*GEMMA.env, *ModelServerSpec.from_body(body(
+        "ModelServer", "own", {"runtime": "llamacpp", "image": "i", "model": "/m.gguf",
+                               "env": [{"name": "MODELPOOL_GPU_FOOTPRINT", "value": "5"}]})).env))
+    assert [e for e in env(own, 8 << 30) if e["name"] == "MODELPOOL_GPU_FOOTPRINT"] == [
+        {"name": "MODELPOOL_GPU_FOOTPRINT", "value": "5"}]
+
+
 def test_gpu_servers_are_recreated_never_surged() -> None:
     for ms in (GEMMA, QWEN, EMBED):
         deploy = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
@@ -186,6 +207,24 @@ def test_service_port_is_named_http() -> None:
     assert service["spec"]["ports"] == [
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
     ]
+
+
+def test_a_persisted_kv_cache_is_llama_servers_slot_save_path_on_its_claim() -> None:
+    ms = replace(GEMMA, kv_cache=KvCache(persist=True, pvc="gemma-kv"))
+    deploy = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[args.index("--slot-save-path") + 1] == "/var/lib/modelpool/kv-cache/"
+    assert {"name": "kv-cache", "mountPath": "/var/lib/modelpool/kv-cache"} in container[
+        "volumeMounts"]
+    assert {"name": "kv-cache", "persistentVolumeClaim": {"claimName": "gemma-kv"}} in pod[
+        "volumes"]
+    # off: nothing of it
+    off = replace(GEMMA, kv_cache=KvCache(persist=False, pvc="gemma-kv"))
+    text = json.dumps(_one(RENDERER.model_server(off, replicas=1, owner_uid=None),
+                           "Deployment"))
+    assert "slot-save-path" not in text and "kv-cache" not in text
 
 
 def test_storage_mounts() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from reconciler.spec import (
     EnvVar,
+    KvCache,
     ModelPoolSpec,
     ModelRouterSpec,
     ModelServerSpec,
@@ -362,3 +363,28 @@ def test_router_proxy_fields() -> None:
 def test_router_errors_name_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(SpecError, match=re.escape(field)):
         ModelRouterSpec.from_body(_body("ModelRouter", spec))
+
+
+def test_kv_cache_parses_with_its_defaults() -> None:
+    ms = ModelServerSpec.from_body(_body("ModelServer", {
+        "image": "img", "model": "/m.gguf",
+        "kvCache": {"persist": True, "pvc": "kv", "maxSize": "10Gi"}}))
+    assert ms.kv_cache == KvCache(persist=True, pvc="kv", max_bytes=10 << 30,
+                                  save_timeout=10.0, max_age=86400.0)
+    assert ModelServerSpec.from_body(_body("ModelServer", {
+        "image": "img", "model": "/m.gguf"})).kv_cache is None
+
+
+@pytest.mark.parametrize(("spec", "why"), [
+    ({"runtime": "vllm", "kvCache": {"persist": True, "pvc": "kv"}},
+     "spec.kvCache needs runtime llamacpp"),
+    ({"kvCache": {"persist": True}}, "spec.kvCache.persist needs spec.kvCache.pvc"),
+    ({"kvCache": {"persist": True, "pvc": "kv", "maxSize": "-1"}}, "spec.kvCache.maxSize"),
+    ({"kvCache": {"persist": True, "pvc": "kv", "saveTimeout": "0s"}},
+     "spec.kvCache.saveTimeout"),
+    ({"kvCache": {"persist": "yes", "pvc": "kv"}}, "spec.kvCache.persist"),
+])
+def test_a_bad_kv_cache_names_what_is_wrong(spec: dict[str, Any], why: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(why)):
+        ModelServerSpec.from_body(_body("ModelServer", {"image": "img", "model": "/m.gguf",
+                                                        **spec}))
