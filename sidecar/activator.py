@@ -21,10 +21,12 @@ A pool with a memory budget holds a set of residents, and its status says so: it
 `residents` (an exclusive pool's status has none, and is read exactly as before) and the
 `loads` under way, each with the residents it evicts (its victims). Every resident with a
 ready endpoint is served at once; a victim stops being one once its load is past
-Draining. Only a request for a member outside the set is held and written into
-`status.request`, which is settled once its member is among the residents. The early
-path applies to the target of any load in Loading, and the fair policy's cutoff stops
-admission only to the victims of a Draining load whose target waited maxWait.
+Draining. Only a request for a member outside the set (and not being loaded) is held and
+written into `status.request`, which is settled once its member is among the residents or
+once its load is past Draining (such a load is never withdrawn, and several run at once,
+so the next member that fits loads beside it). The early path applies to the target of
+any load in Loading, and the fair policy's cutoff stops admission only to the victims of
+a Draining load whose target waited maxWait.
 """
 
 from __future__ import annotations
@@ -393,7 +395,7 @@ def next_wakeup(state: PoolState, now: float) -> float | None:
     times: list[float] = [w.since + state.limits.swap_budget for w in heads]
     if state.limits.max_wait is not None:
         # The fair turn of each member's oldest waiter still to come.
-        times += [t for w in _non_incumbent(state) if (t := w.since + state.limits.max_wait) > now]
+        times += [t for w in _fair_turns(state) if (t := w.since + state.limits.max_wait) > now]
     if state.write_retry_at is not None:
         times.append(state.write_retry_at)
     return min(times, default=None)
@@ -593,14 +595,17 @@ def _decide(state: PoolState, actions: list[Action]) -> PoolState:
     wanted = next((w.member for w in _non_incumbent(state)), None)
     # A request is settled once nothing more will come of it: withdrawn, served (its member
     # is resident), or answered by a swap that ended. Only then may a new one replace it;
-    # an unsettled request for another member is the queue we wait in.
+    # an unsettled request for another member is the queue we wait in. A budgeted pool
+    # never withdraws a load past Draining and runs several at once: its request is
+    # settled as soon as its load is past Draining, so the next member that fits loads
+    # beside it.
     settled = (
         current is None
         or current.member is None
         or (
             current.member == status.resident_member
             if status.residents is None
-            else current.member in status.residents
+            else current.member in status.residents or _unloading_for(status, current)
         )
         or current.generation <= state.answered
     )
@@ -667,19 +672,31 @@ def _fair_cutoff(state: PoolState, member: str) -> float | None:
             ),
             default=None,
         )
-    return min((w.since + max_wait for w in _non_incumbent(state)), default=None)
+    return min((w.since + max_wait for w in _fair_turns(state)), default=None)
+
+
+def _fair_turns(state: PoolState) -> list[Waiter]:
+    """The waiters whose maxWait starts a fair cutoff: the oldest of each member other
+    than the resident one; in a budgeted pool, of each target of a load with victims."""
+    status = state.status
+    if status is None or status.residents is None:
+        return _non_incumbent(state)
+    heads = [q[0] for x in status.loads if x.victims and (q := state.queues.get(x.to_member))]
+    return sorted(heads, key=lambda w: (w.since, w.id))
 
 
 def _non_incumbent(state: PoolState) -> list[Waiter]:
     """The oldest waiter of each member other than the resident one (in a budgeted pool:
-    other than the residents), oldest first."""
+    other than the residents and the targets of its loads), oldest first."""
     status = state.status
     resident = status.resident_member if status is not None else None
-    residents = status.residents if status is not None else None
+    staying: frozenset[str] | None = None
+    if status is not None and status.residents is not None:
+        staying = status.residents | {x.to_member for x in status.loads}
     heads = [
         q[0]
         for m, q in state.queues.items()
-        if q and (m != resident if residents is None else m not in residents)
+        if q and (m != resident if staying is None else m not in staying)
     ]
     return sorted(heads, key=lambda w: (w.since, w.id))
 

@@ -120,11 +120,40 @@ CASES = [
         held=[2],
     ),
     Case(
-        "an evicted victim is requested again once the request before it is settled",
+        "an evicted victim is requested again: the load that evicted it settled its request",
         pool(PHI_LOADING, ready=frozenset({"gemma"})),
-        [(0, Arrive(1, "coder")), (5, PoolObserved(PHI_RESIDENT))],
-        [cas("coder", 6, req("phi", 5), 25)],
+        [(0, Arrive(1, "coder"))],
+        [cas("coder", 6, req("phi", 5), 24)],
         held=[1],
+    ),
+    Case(
+        "a load past Draining settles its request: the next member is asked for beside it",
+        pool(budgeted(23, ("gemma",), req("phi", 5), (load("phi", 5, "Unloading"),))),
+        [(0, Arrive(1, "phi")), (1, Arrive(2, "coder"))],
+        [cas("coder", 6, req("phi", 5), 23)],
+        held=[1, 2],
+    ),
+    Case(
+        "a load still Draining keeps its request: the next member waits its turn",
+        pool(budgeted(22, ("gemma",), req("phi", 5), (load("phi", 5, "Draining", "gemma"),))),
+        [(0, Arrive(1, "phi")), (1, Arrive(2, "coder"))],
+        [],
+        held=[1, 2],
+    ),
+    Case(
+        "a member being loaded is not asked for again",
+        pool(
+            budgeted(
+                26,
+                ("gemma",),
+                req("coder", 6, OTHER),
+                (load("phi", 5, "Loading"), load("coder", 6, "Unloading")),
+            ),
+            ready=frozenset({"gemma"}),
+        ),
+        [(0, Arrive(1, "phi")), (1, Arrive(2, "coder"))],
+        [],
+        held=[1, 2],
     ),
     Case(
         "fair: the cutoff stops admission to the draining load's victims only",
@@ -268,3 +297,6 @@ def test_member_states_of_a_budgeted_pool() -> None:
 def test_fair_turn_wakes_the_machine_for_a_draining_load() -> None:
     state, _ = run(pool(PHI_DRAINING, BOTH_READY, FAIR), [(0, Arrive(1, "phi"))])
     assert next_wakeup(state, 1) == 10.0
+    fits = budgeted(23, request=req("phi", 5), loads=(load("phi", 5, "Unloading"),))
+    state, _ = run(pool(fits, BOTH_READY, FAIR), [(0, Arrive(1, "phi"))])
+    assert next_wakeup(state, 1) == 60.0  # nobody is evicted for it: no fair turn, the budget
