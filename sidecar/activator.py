@@ -16,6 +16,17 @@ While the pool's status names it the target of a swap in Loading, and someone he
 for it, the shell probes its not-yet-ready address (`probe_wanted`); a 200 comes back as
 `EarlyReady`, and the member counts as resident on that address until the normal path
 (a ready endpoint) takes over or the status stops naming it.
+
+A pool with a memory budget holds a set of residents, and its status says so: it lists
+`residents` (an exclusive pool's status has none, and is read exactly as before) and the
+`loads` under way, each with the residents it evicts (its victims). Every resident with a
+ready endpoint is served at once; a victim stops being one once its load is past
+Draining. Only a request for a member outside the set (and not being loaded) is held and
+written into `status.request`, which is settled once its member is among the residents or
+once its load is past Draining (such a load is never withdrawn, and several run at once,
+so the next member that fits loads beside it). The early path applies to the target of
+any load in Loading, and the fair policy's cutoff stops admission only to the victims of
+a Draining load whose target waited maxWait.
 """
 
 from __future__ import annotations
@@ -58,6 +69,8 @@ class SwapProgress:
     # What the swap is stuck on, as the pool's Ready condition says (the target cannot be
     # scheduled or created, or its container does not run); None while it just proceeds.
     stuck_on: str | None = None
+    # A budgeted pool's load: the residents evicted (while Draining: to be evicted) for it.
+    victims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,10 @@ class PoolStatus:
     request: PoolRequest | None = None
     swap: SwapProgress | None = None
     last_swap: LastSwap | None = None
+    # A pool with a memory budget: its residents (maybe none) and its loads under way,
+    # oldest first. None and () for an exclusive pool, whose status has no such fields.
+    residents: frozenset[str] | None = None
+    loads: tuple[SwapProgress, ...] = ()
 
 
 # --- State --------------------------------------------------------------------------------
@@ -271,12 +288,20 @@ Action = Admit | Fail | WriteRequest | Reread
 def is_resident(state: PoolState, member: str) -> bool:
     """Resident = the shared status names it AND a ready endpoint exists AND it is not being
     unloaded; or the status names it the target of a swap in Loading (or resident, with no
-    swap) AND its address answered the readiness probe early (`early_address`)."""
+    swap) AND its address answered the readiness probe early (`early_address`). In a
+    budgeted pool the status names it among its residents, and it is not the victim of a
+    load past Draining."""
     status = state.status
     if status is None:
         return False
     if state.early is not None and state.early[0] == member and _early_allowed(status, member):
         return True
+    if status.residents is not None:
+        return (
+            member in status.residents
+            and member in state.ready
+            and member not in _evicted(status)
+        )
     if status.resident_member != member or member not in state.ready:
         return False
     swap = status.swap
@@ -293,8 +318,24 @@ def early_address(state: PoolState, member: str) -> str | None:
 
 def probe_wanted(state: PoolState) -> str | None:
     """The member whose not-ready address the shell should probe now, or None: the target
-    of a swap in Loading, with requests held here, no ready endpoint and no early answer."""
+    of a swap in Loading, with requests held here, no ready endpoint and no early answer.
+    In a budgeted pool: the first such target among its loads in Loading, while no member
+    holds an early answer (one at a time)."""
     status = state.status
+    if status is not None and status.residents is not None:
+        if state.early is not None:
+            return None
+        return next(
+            (
+                x.to_member
+                for x in status.loads
+                if x.phase == "Loading"
+                and x.to_member in state.limits.members
+                and x.to_member not in state.ready
+                and state.queues.get(x.to_member)
+            ),
+            None,
+        )
     if status is None or status.swap is None or status.swap.phase != "Loading":
         return None
     member = status.swap.to_member
@@ -315,6 +356,14 @@ def member_state(state: PoolState, member: str) -> str:
         return "unavailable"
     if is_resident(state, member):
         return "resident"
+    if status.residents is not None:
+        if (
+            (member in status.residents and member not in _evicted(status))
+            or any(x.to_member == member for x in status.loads)
+            or (status.request is not None and status.request.member == member)
+        ):
+            return "loading"
+        return "stopped"
     if status.resident_member == member and status.swap is None:
         return "loading"  # named resident, endpoint not ready yet
     if status.swap is not None and status.swap.to_member == member:
@@ -346,7 +395,7 @@ def next_wakeup(state: PoolState, now: float) -> float | None:
     times: list[float] = [w.since + state.limits.swap_budget for w in heads]
     if state.limits.max_wait is not None:
         # The fair turn of each member's oldest waiter still to come.
-        times += [t for w in _non_incumbent(state) if (t := w.since + state.limits.max_wait) > now]
+        times += [t for w in _fair_turns(state) if (t := w.since + state.limits.max_wait) > now]
     if state.write_retry_at is not None:
         times.append(state.write_retry_at)
     return min(times, default=None)
@@ -516,10 +565,10 @@ def _expire(state: PoolState, now: float, actions: list[Action]) -> PoolState:
 
 
 def _admit(state: PoolState, now: float, actions: list[Action]) -> PoolState:
-    cutoff = _fair_cutoff(state)
     for member, queue in state.queues.items():
         if not queue or not is_resident(state, member):
             continue
+        cutoff = _fair_cutoff(state, member)
         # Oldest first, so the admissible ones (arrived before the fair cutoff) are a prefix.
         n = 0
         while n < len(queue) and (cutoff is None or queue[n].since < cutoff):
@@ -546,11 +595,18 @@ def _decide(state: PoolState, actions: list[Action]) -> PoolState:
     wanted = next((w.member for w in _non_incumbent(state)), None)
     # A request is settled once nothing more will come of it: withdrawn, served (its member
     # is resident), or answered by a swap that ended. Only then may a new one replace it;
-    # an unsettled request for another member is the queue we wait in.
+    # an unsettled request for another member is the queue we wait in. A budgeted pool
+    # never withdraws a load past Draining and runs several at once: its request is
+    # settled as soon as its load is past Draining, so the next member that fits loads
+    # beside it.
     settled = (
         current is None
         or current.member is None
-        or current.member == status.resident_member
+        or (
+            current.member == status.resident_member
+            if status.residents is None
+            else current.member in status.residents or _unloading_for(status, current)
+        )
         or current.generation <= state.answered
     )
     new_member: str | None
@@ -580,31 +636,68 @@ def _decide(state: PoolState, actions: list[Action]) -> PoolState:
 def _admissible(state: PoolState, waiter: Waiter) -> bool:
     if not is_resident(state, waiter.member):
         return False
-    cutoff = _fair_cutoff(state)
+    cutoff = _fair_cutoff(state, waiter.member)
     return cutoff is None or waiter.since < cutoff
 
 
 def _early_allowed(status: PoolStatus, member: str) -> bool:
     """Whether the status lets an early answer count: `member` is the target of a swap in
-    Loading (its incumbent's pods are gone), or resident with no swap running."""
+    Loading (its incumbent's pods are gone), or resident with no swap running. In a
+    budgeted pool: the target of any load in Loading, or a resident not being unloaded."""
+    if status.residents is not None:
+        if any(x.to_member == member and x.phase == "Loading" for x in status.loads):
+            return True
+        return member in status.residents and member not in _evicted(status)
     swap = status.swap
     if swap is not None:
         return swap.to_member == member and swap.phase == "Loading"
     return status.resident_member == member
 
 
-def _fair_cutoff(state: PoolState) -> float | None:
+def _fair_cutoff(state: PoolState, member: str) -> float | None:
     """Fair policy: requests that arrive once the oldest waiter for another member has waited
-    maxWait are not admitted to the incumbent, so it drains and the swap can happen."""
-    if state.limits.max_wait is None:
+    maxWait are not admitted to the incumbent, so it drains and the swap can happen. In a
+    budgeted pool the cutoff applies only to the victims of a Draining load, once the
+    oldest waiter for its target waited maxWait; the other residents serve on."""
+    max_wait = state.limits.max_wait
+    if max_wait is None:
         return None
-    return min((w.since + state.limits.max_wait for w in _non_incumbent(state)), default=None)
+    status = state.status
+    if status is not None and status.residents is not None:
+        return min(
+            (
+                queue[0].since + max_wait
+                for x in status.loads  # past Draining, a victim serves no more anyway
+                if member in x.victims and (queue := state.queues.get(x.to_member))
+            ),
+            default=None,
+        )
+    return min((w.since + max_wait for w in _fair_turns(state)), default=None)
+
+
+def _fair_turns(state: PoolState) -> list[Waiter]:
+    """The waiters whose maxWait starts a fair cutoff: the oldest of each member other
+    than the resident one; in a budgeted pool, of each target of a load with victims."""
+    status = state.status
+    if status is None or status.residents is None:
+        return _non_incumbent(state)
+    heads = [q[0] for x in status.loads if x.victims and (q := state.queues.get(x.to_member))]
+    return sorted(heads, key=lambda w: (w.since, w.id))
 
 
 def _non_incumbent(state: PoolState) -> list[Waiter]:
-    """The oldest waiter of each member other than the resident one, oldest first."""
-    resident = state.status.resident_member if state.status is not None else None
-    heads = [q[0] for m, q in state.queues.items() if q and m != resident]
+    """The oldest waiter of each member other than the resident one (in a budgeted pool:
+    other than the residents and the targets of its loads), oldest first."""
+    status = state.status
+    resident = status.resident_member if status is not None else None
+    staying: frozenset[str] | None = None
+    if status is not None and status.residents is not None:
+        staying = status.residents | {x.to_member for x in status.loads}
+    heads = [
+        q[0]
+        for m, q in state.queues.items()
+        if q and (m != resident if staying is None else m not in staying)
+    ]
     return sorted(heads, key=lambda w: (w.since, w.id))
 
 
@@ -615,12 +708,23 @@ def _with_queue(state: PoolState, member: str, queue: tuple[Waiter, ...]) -> Poo
     return replace(state, queues=queues)
 
 
+def _loads(status: PoolStatus) -> tuple[SwapProgress, ...]:
+    """The loads under way: a budgeted pool's `loads`, or an exclusive pool's swap."""
+    if status.residents is not None:
+        return status.loads
+    return (status.swap,) if status.swap is not None else ()
+
+
+def _evicted(status: PoolStatus) -> frozenset[str]:
+    """A budgeted pool's victims of the loads past Draining: being unloaded."""
+    return frozenset(m for x in status.loads if x.phase in _PAST_DRAINING for m in x.victims)
+
+
 def _unloading_for(status: PoolStatus, request: PoolRequest) -> bool:
-    swap = status.swap
-    return (
-        swap is not None
-        and swap.phase in _PAST_DRAINING
-        and (swap.generation is None or swap.generation == request.generation)
+    return any(
+        x.phase in _PAST_DRAINING
+        and (x.generation is None or x.generation == request.generation)
+        for x in _loads(status)
     )
 
 

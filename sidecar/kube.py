@@ -338,7 +338,42 @@ def parse_pool(obj: Body) -> PoolStatus:
         request=_request(st.get("request")),
         swap=_swap(st.get("swap"), st.get("conditions")),
         last_swap=_last_swap(st.get("lastSwap")),
+        residents=_residents(st.get("residents")),
+        loads=_loads(st.get("loads")),
     )
+
+
+def _residents(raw: Any) -> frozenset[str] | None:
+    """A budgeted pool's resident names; None where the status has no `residents` list
+    (an exclusive pool)."""
+    if not isinstance(raw, list):
+        return None
+    return frozenset(
+        str(r["name"]) for r in raw if isinstance(r, dict) and r.get("name")
+    )
+
+
+def _loads(raw: Any) -> tuple[SwapProgress, ...]:
+    """A budgeted pool's loads under way, oldest first, each with its victims (`from` is
+    the first of them, as in `swap`). What a load is stuck on is read from `swap` alone:
+    the pool's Ready condition speaks of one load."""
+    loads: list[SwapProgress] = []
+    for x in raw if isinstance(raw, list) else ():
+        if not isinstance(x, dict) or not x.get("to"):
+            continue
+        generation = x.get("generation")
+        victims = x.get("victims")
+        loads.append(
+            SwapProgress(
+                str(victims[0]) if isinstance(victims, list) and victims else None,
+                str(x["to"]),
+                generation if isinstance(generation, int) else None,
+                str(x.get("phase") or ""),
+                None,
+                tuple(str(v) for v in victims) if isinstance(victims, list) else (),
+            )
+        )
+    return tuple(loads)
 
 
 def _request(raw: Any) -> PoolRequest | None:

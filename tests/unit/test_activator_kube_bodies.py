@@ -139,6 +139,52 @@ def test_parse_pool_without_a_request(
     assert (parsed.status_present, parsed.request, parsed.swap) == (present, expected, None)
 
 
+def test_parse_pool_reads_a_budgeted_pools_residents_and_loads() -> None:
+    obj = {
+        "metadata": {"name": "heavy", "resourceVersion": "43"},
+        "status": {
+            "residentMember": "gemma",
+            "residents": [
+                {"name": "coder", "since": "2026-11-30T09:00:00Z", "gpuMemory": 8589934592},
+                {"name": "gemma", "since": "2026-11-30T09:30:00Z", "gpuMemory": 4294967296},
+                {"since": "2026-11-30T09:31:00Z"},  # no name: not a resident
+            ],
+            "roomLeft": 4294967296,
+            "loads": [
+                {"to": "phi", "generation": 7, "phase": "Draining", "victims": ["coder"]},
+                {"to": "qwen", "generation": None, "phase": "Loading", "victims": []},
+                {"phase": "Loading"},  # no target: not a load
+            ],
+            "swap": {"from": "coder", "to": "phi", "generation": 7, "phase": "Draining"},
+        },
+    }
+    parsed = parse_pool(obj)
+    assert parsed.residents == frozenset({"coder", "gemma"})
+    assert parsed.loads == (
+        SwapProgress("coder", "phi", 7, "Draining", None, ("coder",)),
+        SwapProgress(None, "qwen", None, "Loading"),
+    )
+    assert parsed.swap == SwapProgress("coder", "phi", 7, "Draining")
+    assert parsed.resident_member == "gemma"
+
+
+@pytest.mark.parametrize(
+    ("status", "residents", "loads"),
+    [
+        ({"residentMember": "coder"}, None, ()),
+        ({"residents": None, "loads": None}, None, ()),
+        ({"residents": [], "loads": []}, frozenset[str](), ()),
+        ({"residents": "coder", "loads": {"to": "phi"}}, None, ()),
+    ],
+    ids=["exclusive", "null", "empty-set", "malformed"],
+)
+def test_parse_pool_tells_an_exclusive_pool_from_an_empty_set(
+    status: dict[str, Any], residents: frozenset[str] | None, loads: tuple[SwapProgress, ...]
+) -> None:
+    parsed = parse_pool({"metadata": {"name": "heavy", "resourceVersion": "1"}, "status": status})
+    assert (parsed.residents, parsed.loads) == (residents, loads)
+
+
 def test_parse_slice_takes_the_http_port_and_readiness() -> None:
     obj = {
         "metadata": {"name": "gemma-x", "labels": {"kubernetes.io/service-name": "gemma"}},
