@@ -185,7 +185,7 @@ def plan(pytest_args: Sequence[str]) -> list[Stage]:
         # lanes of the testbeds, the run's longest: they end well before those.
         pytest_stage("host tests", "host", "none", (), Budget(600, 420), nice=15),
         pytest_stage("host tests needing builds", "host", "only", ("llama-server",),
-                     Budget(90, 90), after=("host tests",), nice=15),
+                     Budget(150, 150), after=("host tests",), nice=15),
         pytest_stage("local tests", "local", "none", ("control plane",), Budget(1020, 1020)),
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
                      Budget(180, 180), after=("local tests",)),

@@ -10,7 +10,7 @@ carry on with a swap that was running.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from reconciler import conditions as cond
 from reconciler import swap as s
@@ -146,30 +146,54 @@ def pool_conditions(state: s.PoolState) -> list[cond.Condition]:
         failing = (state.observed or s.MemberPods()).failing.get(state.resident or "")
         why = f"; {failing[1]}" if failing is not None else ""
         ready = (False, "ResidentNotReady", f"{state.resident} has no Ready pod{why}")
+    progress = None if swap is None else (
+        f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
+    return conditions(ready, swap, progress, state.problem,
+                      swap.deferral if swap is not None else None)
+
+
+class Progress(Protocol):
+    """What status says of a swap or a load under way that cannot go on."""
+
+    @property
+    def unschedulable(self) -> str | None: ...
+
+    @property
+    def not_created(self) -> str | None: ...
+
+    @property
+    def failing(self) -> tuple[str, str] | None: ...
+
+
+def conditions(ready: tuple[bool, str, str], progress: Progress | None,
+               progress_message: str | None, problem: s.Problem | None,
+               deferral: s.Deferral | None) -> list[cond.Condition]:
+    """A pool's conditions from its Ready verdict, the swap (or load) under way and what
+    it says of itself, the spec's problem and the swap's deferral: an exclusive pool's
+    and a budgeted pool's alike."""
     reconciling = None
-    if swap is not None and swap.unschedulable is not None:
+    if progress is not None and progress.unschedulable is not None:
         # The swap cannot go on until the scheduler places the target: say why, in Ready
         # (what `kubectl get` and GitOps tools show) and in Reconciling.
-        reconciling = (s.UNSCHEDULABLE, swap.unschedulable)
-        ready = (False, s.UNSCHEDULABLE, swap.unschedulable)
-    elif swap is not None and swap.not_created is not None:
-        reconciling = (s.FAILED_CREATE, swap.not_created)
-        ready = (False, s.FAILED_CREATE, swap.not_created)
-    elif swap is not None and swap.failing is not None:
-        reconciling = swap.failing
-        ready = (False, *swap.failing)
-    elif swap is not None:
-        reconciling = ("Swapping", f"{swap.from_ or '(none)'} -> {swap.to}: {swap.phase.value}")
-    problem = state.problem
+        reconciling = (s.UNSCHEDULABLE, progress.unschedulable)
+        ready = (False, s.UNSCHEDULABLE, progress.unschedulable)
+    elif progress is not None and progress.not_created is not None:
+        reconciling = (s.FAILED_CREATE, progress.not_created)
+        ready = (False, s.FAILED_CREATE, progress.not_created)
+    elif progress is not None and progress.failing is not None:
+        reconciling = progress.failing
+        ready = (False, *progress.failing)
+    elif progress is not None and progress_message is not None:
+        reconciling = ("Swapping", progress_message)
     stalled = None
     if problem is not None and problem.pending:
         reconciling = (problem.reason, problem.message)
     elif problem is not None:
         stalled = (problem.reason, problem.message)
     found = cond.kstatus(ready=ready, reconciling=reconciling, stalled=stalled)
-    if swap is not None and swap.deferral is not None:
-        found.append(cond.Condition(cond.SWAP_DEFERRED, True, swap.deferral.reason,
-                                    swap.deferral.message))
+    if deferral is not None:
+        found.append(cond.Condition(cond.SWAP_DEFERRED, True, deferral.reason,
+                                    deferral.message))
     else:
         found.append(cond.Condition(cond.SWAP_DEFERRED, False, "NotDeferred"))
     return found

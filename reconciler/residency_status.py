@@ -16,7 +16,7 @@ from typing import Any
 
 from reconciler import conditions as cond
 from reconciler import residency as r
-from reconciler.pool_status import request_of
+from reconciler.pool_status import conditions, request_of
 from reconciler.timefmt import parse, rfc3339
 
 OWNED_KEYS = (
@@ -136,32 +136,9 @@ def pool_conditions(state: r.ResidencyState) -> list[cond.Condition]:
                      if (state.observed or r.MemberPods()).ready.get(m, 0) < 1]
         ready = (False, "ResidentNotReady",
                  f"{', '.join(not_ready) or names or '(none)'} has no Ready pod")
-    reconciling = None
-    if first is not None and first.unschedulable is not None:
-        reconciling = (r.UNSCHEDULABLE, first.unschedulable)
-        ready = (False, r.UNSCHEDULABLE, first.unschedulable)
-    elif first is not None and first.not_created is not None:
-        reconciling = (r.FAILED_CREATE, first.not_created)
-        ready = (False, r.FAILED_CREATE, first.not_created)
-    elif first is not None and first.failing is not None:
-        reconciling = first.failing
-        ready = (False, *first.failing)
-    elif first is not None:
-        reconciling = ("Swapping", _progress(first))
-    problem = state.problem
-    stalled = None
-    if problem is not None and problem.pending:
-        reconciling = (problem.reason, problem.message)
-    elif problem is not None:
-        stalled = (problem.reason, problem.message)
-    found = cond.kstatus(ready=ready, reconciling=reconciling, stalled=stalled)
     deferred = next((x.deferral for x in loads if x.deferral is not None), None)
-    if deferred is not None:
-        found.append(cond.Condition(cond.SWAP_DEFERRED, True, deferred.reason,
-                                    deferred.message))
-    else:
-        found.append(cond.Condition(cond.SWAP_DEFERRED, False, "NotDeferred"))
-    return found
+    return conditions(ready, first, _progress(first) if first is not None else None,
+                      state.problem, deferred)
 
 
 def pool_status(state: r.ResidencyState, previous: Mapping[str, Any] | None,
