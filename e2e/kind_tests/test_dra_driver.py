@@ -8,7 +8,8 @@ kubelet restarts.
 
 The main kind cluster has no DRA driver (its containerd, Debian's 1.6, has no CDI): these
 tests run only when `MODELPOOL_KIND_DRA=1` says that MODELPOOL_KIND_KUBECONFIG names the
-DRA cluster, and are skipped otherwise:
+DRA cluster; otherwise they are not even collected (e2e/kind_tests/conftest.py), so the
+test command (CI) does not run them:
 
     MODELPOOL_KIND_KUBECONFIG=$(e2e/kind/up-dra.sh | tail -n 1) MODELPOOL_KIND_DRA=1 \\
       .venv/bin/pytest e2e/kind_tests/test_dra_driver.py
