@@ -80,8 +80,11 @@ def crictl_images(node: str) -> str:
 
 
 def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[tuple[str, str]]:
-    """(image the spec names, imageID the kubelet reports: the reference it pulled by
-    digest) of each ready container of the pods `selector` picks."""
+    """(image the spec names, imageID the kubelet reports) of each ready container of the
+    pods `selector` picks. The imageID names whichever reference containerd holds for that
+    content first: where the same image was also side-loaded (built from the same
+    checkout), that name, not the registry's; the registry's log and `crictl images` say
+    what was pulled."""
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
     out = []
     for pod in pods:
@@ -120,14 +123,13 @@ def test_an_install_from_pushed_images_serves_and_swaps(
         kubectl("-n", SYSTEM, "rollout", "status", f"deployment/{RECONCILER}",
                 "--timeout=180s", timeout=200)
         reconciler = pod_images(kubectl, SYSTEM, "app.kubernetes.io/name=modelpool-reconciler")
-        assert reconciler and all(image == pinned == pulled
-                                  for image, pulled in reconciler), reconciler
+        assert reconciler and all(image == pinned for image, _ in reconciler), reconciler
 
         harness.apply_examples(kubectl, ns, harness.EXAMPLES_TESTBED)
         harness.wait_pool_ready(kubectl, ns, "gpu0", resident="gemma", within=120)
         (router,) = harness.wait_router_ready(kubectl, ns, "chat", within=120)
         routers = pod_images(kubectl, ns, f"{harness.LABEL_ROUTER}=chat")
-        assert routers and all(image == pinned == pulled for image, pulled in routers), routers
+        assert routers and all(image == pinned for image, _ in routers), routers
         with openai.OpenAI(base_url=harness.base_url(router), api_key="unused",
                            max_retries=0, timeout=120) as client:
             for model in ("gemma", "qwen"):
