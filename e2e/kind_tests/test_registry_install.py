@@ -6,13 +6,14 @@ install pinned to the digest pushed; the kind nodes' containerd is told to pull
 `localhost:PORT/...` from this machine; `kubectl apply --server-side -f install.yaml`. The
 reconciler and the router it renders then run the pulled image (nothing of it side-loaded
 under that name), the examples-testbed pool serves and swaps through that router, `crictl
-images` on the nodes lists the image under the registry's name and the registry's log shows
-the nodes fetching its manifest. Afterwards the cluster goes back to the install of
+inspecti` on the nodes lists the image under the registry's name and the registry's log
+shows the nodes resolving its manifest. Afterwards the cluster goes back to the install of
 e2e/kind/up.sh (overlays/kind), as every other test expects it.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -56,34 +57,38 @@ def nodes(kind_kubectl: Kubectl) -> list[str]:
 
 @pytest.fixture
 def pulling(kind_kubectl: Kubectl, registry: serve.Registry,
-            nodes: list[str]) -> Iterator[list[str]]:
-    """The nodes pull `localhost:PORT/...` from the registry; yields a list the test puts
-    the pulled references into. Afterwards: the install of e2e/kind/up.sh again, the pulled
-    images gone from the nodes, the nodes' hosts file gone."""
+            nodes: list[str]) -> Iterator[None]:
+    """The nodes pull `localhost:PORT/...` from the registry. Afterwards: the install of
+    e2e/kind/up.sh again and the nodes' hosts file gone. The pulled references stay: they
+    share their content with the side-loaded images (the same build), and removing one
+    (`crictl rmi`) takes that content's other names with it on containerd 1.6, the
+    side-loaded ones included. The next run pushes to another port, so its nodes resolve
+    a new name from its registry."""
     serve.mirror_on_nodes(registry, nodes, f"{serve.gateway()}:{registry.port}")
-    pulled: list[str] = []
-    yield pulled
+    yield
     kind_kubectl("apply", "--server-side", "--force-conflicts", "-k",
                  str(REPO_ROOT / "overlays" / "kind"), timeout=120)
     kind_kubectl("-n", SYSTEM, "rollout", "status", f"deployment/{RECONCILER}",
                  "--timeout=180s", timeout=200)
-    for node in nodes:
-        for image in pulled:
-            subprocess.run(["docker", "exec", node, "crictl", "rmi", image],
-                           capture_output=True, check=False)
     serve.unmirror_on_nodes(registry, nodes)
 
 
-def crictl_images(node: str) -> str:
-    return subprocess.run(["docker", "exec", node, "crictl", "images", "--digests"],
-                          capture_output=True, text=True, check=True).stdout
+def repo_digests(node: str, reference: str) -> list[str]:
+    """The digests `crictl inspecti` gives for `reference` on `node` (none where the node
+    does not hold it). `crictl images` lists an image once per tag, so a digest-only
+    reference to content that also has tags (the side-loaded copy) shows only here."""
+    done = subprocess.run(["docker", "exec", node, "crictl", "inspecti", "-o", "json",
+                           reference], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return []
+    return list(json.loads(done.stdout)["status"].get("repoDigests") or [])
 
 
 def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[tuple[str, str]]:
     """(image the spec names, imageID the kubelet reports) of each ready container of the
     pods `selector` picks. The imageID names whichever reference containerd holds for that
     content first: where the same image was also side-loaded (built from the same
-    checkout), that name, not the registry's; the registry's log and `crictl images` say
+    checkout), that name, not the registry's; the registry's log and `crictl inspecti` say
     what was pulled."""
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
     out = []
@@ -99,7 +104,7 @@ def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[tuple[st
 
 def test_an_install_from_pushed_images_serves_and_swaps(
     kind_kubectl: Kubectl, restricted_namespace: str, tmp_path: Path,
-    registry: serve.Registry, nodes: list[str], pulling: list[str],
+    registry: serve.Registry, nodes: list[str], pulling: None,
 ) -> None:
     kubectl, ns = kind_kubectl, restricted_namespace
     try:
@@ -115,7 +120,6 @@ def test_an_install_from_pushed_images_serves_and_swaps(
         pinned = images_file.read_text().strip().split("=", 1)[1]
         assert pinned.startswith(f"{registry.name}/modelpool@sha256:"), pinned
         digest = pinned.split("@", 1)[1]
-        pulling.append(pinned)
 
         # The user's command, as docs/install.md gives it. --force-conflicts: the fields
         # up.sh's install set are taken over, as an upgrade over another installer would.
@@ -141,9 +145,8 @@ def test_an_install_from_pushed_images_serves_and_swaps(
         assert status["status"]["lastSwap"]["outcome"] == "Succeeded", status["status"]
 
         # Pulled, by the nodes, from this registry.
-        listed = {node: crictl_images(node) for node in nodes}
-        assert any(f"{registry.name}/modelpool" in out and digest.removeprefix("sha256:")[:13]
-                   in out for out in listed.values()), listed
+        held = {node: repo_digests(node, pinned) for node in nodes}
+        assert any(pinned in digests for digests in held.values()), held
         pulls = registry.pulls_from(serve.node_addresses(nodes))
         assert f"/v2/modelpool/manifests/{digest}" in pulls, registry.log.read_text()[-3000:]
     finally:

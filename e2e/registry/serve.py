@@ -10,7 +10,7 @@ read at every pull once e2e/kind/up.sh set `config_path`) that sends a pull of
 `localhost:PORT/...` to that gateway; `unmirror_on_nodes` removes it.
 
 The registry's access log (one JSON line per request, with the client's address) is
-`Registry.log`: `pulls_from(addresses)` reads which manifests the nodes fetched.
+`Registry.log`: `pulls_from(addresses)` reads which manifests the nodes resolved.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ class Registry:
         return f"localhost:{self.port}"
 
     def pulls_from(self, addresses: Sequence[str]) -> list[str]:
-        """The paths of the manifest GETs the registry answered 200 to clients at
-        `addresses` (the nodes), in order."""
+        """The manifest paths the registry resolved (HEAD) or served (GET) with a 200 to
+        clients at `addresses` (the nodes), in order. A node that already holds the
+        content (the same image side-loaded) only resolves the name."""
         pulls = []
         for line in self.log.read_text().splitlines():
             try:
@@ -52,7 +53,7 @@ class Registry:
                 continue
             remote = str(record.get("http.request.remoteaddr", "")).rsplit(":", 1)[0]
             uri = str(record.get("http.request.uri", "")).split("?", 1)[0]
-            if (record.get("http.request.method") == "GET" and "/manifests/" in uri
+            if (record.get("http.request.method") in ("GET", "HEAD") and "/manifests/" in uri
                     and record.get("http.response.status") == 200 and remote in addresses):
                 pulls.append(uri)
         return pulls

@@ -18,7 +18,7 @@ def test_the_hosts_file_sends_pulls_and_resolves_to_the_upstream_over_http() -> 
     assert hosts["host"]["http://172.18.0.1:5000"]["capabilities"] == ["pull", "resolve"]
 
 
-def test_pulls_are_the_manifest_gets_answered_200_to_the_given_addresses(tmp_path: Path) -> None:
+def test_pulls_are_the_manifests_resolved_or_served_to_the_given_addresses(tmp_path: Path) -> None:
     def line(method: str, remote: str, uri: str, status: int) -> str:
         return json.dumps({"http.request.method": method, "http.request.remoteaddr": remote,
                            "http.request.uri": uri, "http.response.status": status})
@@ -36,7 +36,7 @@ def test_pulls_are_the_manifest_gets_answered_200_to_the_given_addresses(tmp_pat
     registry = serve.Registry(5000, log)
     assert registry.name == "localhost:5000"
     assert registry.pulls_from(["172.18.0.2", "172.18.0.3"]) == [
-        f"/v2/modelpool/manifests/{DIGEST}"]
+        f"/v2/modelpool/manifests/{DIGEST}", f"/v2/modelpool/manifests/{DIGEST}"]
     assert registry.pulls_from(["172.18.0.9"]) == []
 
 
