@@ -1,4 +1,5 @@
-"""The idle probe's HTTP half: the one module of the reconciler that calls model servers.
+"""The idle probe's HTTP half: with `kv_slots_io` (a member's slots saved and restored),
+one of the two reconciler modules that call model servers.
 
 Probes go to each pod's own address (its pod IP and the member's port), never through the
 Service: a Service would answer for one pod picked at random, and a busy pod behind it

@@ -1,8 +1,10 @@
 """The reconciler's layering, checked on the source: the controller (watches, queue,
 dispatch) sits on the three reconcilers of one kind each, which sit on what they share
 (the context, the writes, the lookups, the caches); nothing below imports what is above
-it, the modules import each other in no cycle, and the pure ones import nothing that
-waits or talks."""
+it, the modules import each other in no cycle, the pure ones import nothing that
+waits or talks, and only the two adapters that call model servers (the idle probe, the
+slot saves and restores) import aiohttp (`kube` talks to the API server through kr8s),
+each on pure decisions alone."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ PURE = ("swap", "residency", "pool_status", "server_status", "router_status", "m
         "objects", "conditions", "scheduling", "spec", "timefmt", "render", "router_config",
         "idle", "quantity", "footprints", "kv_cache", "residency_status")
 IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
+# The modules that call model servers; `__main__` builds their session.
+UPSTREAM = {"probes": {"idle", "swap"}, "kv_slots_io": {"kv_cache", "spec"}}
 # Each layer imports only from the layers after it.
 LAYERS = (
     {"__main__"},
@@ -60,6 +64,18 @@ def test_pure_modules_import_no_io(module: str) -> None:
     packages, siblings = _imports(module)
     assert packages & IO == set()
     assert siblings - set(PURE) == set()
+
+
+def test_only_the_upstream_adapters_call_model_servers() -> None:
+    calling = {m for m in _modules() if m != "__main__" and "aiohttp" in _imports(m)[0]}
+    assert calling == set(UPSTREAM)
+
+
+@pytest.mark.parametrize("module", sorted(UPSTREAM))
+def test_an_upstream_adapter_sits_on_pure_decisions_alone(module: str) -> None:
+    _, siblings = _imports(module)
+    assert siblings == UPSTREAM[module]
+    assert siblings <= set(PURE)
 
 
 @pytest.mark.parametrize("layer", range(len(LAYERS)))
