@@ -189,7 +189,7 @@ def plan(pytest_args: Sequence[str]) -> list[Stage]:
         pytest_stage("local tests", "local", "none", ("control plane",), Budget(1020, 1020)),
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
                      Budget(180, 180), after=("local tests",)),
-        pytest_stage("kind tests", "kind", "none", ("kind",), Budget(720, 720)),
+        pytest_stage("kind tests", "kind", "none", ("kind",), Budget(810, 810)),
         pytest_stage("kind tests needing builds", "kind", "only",
                      ("flux", "prometheus", "registry"), Budget(480, 480), after=("kind tests",)),
     ]
