@@ -45,7 +45,7 @@ def restore(config: s.PoolConfig, generation: int, status: Mapping[str, Any] | N
     """The swap state that `status` describes (members not yet observed)."""
     status = status or {}
     resident = status.get("residentMember") or None
-    last = _last_swap(status.get("lastSwap"))
+    last = last_swap(status.get("lastSwap"))
     swap = _swap(status.get("swap"))
     request = request_of(status)
     answered = last.generation or 0 if last is not None else 0
@@ -97,7 +97,8 @@ def _swap(raw: Any) -> s.Swap | None:
     )
 
 
-def _last_swap(raw: Any) -> s.LastSwap | None:
+def last_swap(raw: Any) -> s.LastSwap | None:
+    """`status.lastSwap` read back, or None when it is absent or cannot be trusted."""
     if not isinstance(raw, Mapping) or not raw.get("to"):
         return None
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from reconciler import conditions as cond
 from reconciler import residency as r
-from reconciler.pool_status import conditions, request_of
+from reconciler.pool_status import conditions, last_swap, request_of
 from reconciler.timefmt import parse, rfc3339
 
 OWNED_KEYS = (
@@ -81,25 +81,16 @@ def _load(raw: Any, config: r.ResidencyConfig) -> r.Load | None:
 
 
 def _last_load(raw: Any) -> r.LastLoad | None:
-    if not isinstance(raw, Mapping) or not raw.get("to"):
+    """`lastSwap` read as the swap's (`pool_status`), with the members it evicted."""
+    last = last_swap(raw)
+    if last is None:
         return None
-    try:
-        outcome = r.Outcome(str(raw.get("outcome")))
-    except ValueError:
-        return None
-    generation = raw.get("generation")
-    duration = raw.get("durationSeconds")
     evicted = raw.get("evicted")
     return r.LastLoad(
-        to=str(raw["to"]),
-        generation=generation if isinstance(generation, int) else None,
-        start=parse(raw.get("start")) or 0.0,
-        duration=float(duration) if isinstance(duration, int | float) else 0.0,
-        outcome=outcome,
+        to=last.to, generation=last.generation, start=last.start, duration=last.duration,
+        outcome=last.outcome,
         evicted=tuple(str(e) for e in evicted) if isinstance(evicted, list) else (),
-        reason=raw.get("reason"),
-        message=raw.get("message"),
-    )
+        reason=last.reason, message=last.message)
 
 
 def _latest(state: r.ResidencyState) -> r.Resident | None:

@@ -19,24 +19,15 @@ import pytest
 from benchmarks.gpu.footprint import MIB
 from benchmarks.gpu.profiles import PROFILES
 from e2e.local.paths import REPO_ROOT
+from tests.functional.test_llama_contract import llama_server_binary
 
 pytestmark = pytest.mark.functional
 needs_llama_server = pytest.mark.build("llama-server")
 
-BUILD = REPO_ROOT / "e2e" / "llama" / "build-llama-server.sh"
 RUN = REPO_ROOT / "benchmarks" / "gpu" / "run.sh"
 PROFILE = PROFILES["cpu"]
 CONTINUATION = 16
 DRY_RUN_BUDGET_S = 100
-
-
-def llama_server_binary() -> Path:
-    """The binary the build script made, as the llama contract finds it."""
-    result = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, text=True,
-                            timeout=60, check=False,
-                            env={**os.environ, "MODELPOOL_LLAMA_NO_BUILD": "1"})
-    assert result.returncode == 0, f"no llama-server built: run {BUILD} (scripts/test does)"
-    return Path(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
