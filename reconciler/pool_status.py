@@ -46,7 +46,7 @@ def restore(config: s.PoolConfig, generation: int, status: Mapping[str, Any] | N
     status = status or {}
     resident = status.get("residentMember") or None
     last = last_swap(status.get("lastSwap"))
-    swap = _swap(status.get("swap"))
+    swap = swap_of(status.get("swap"))
     request = request_of(status)
     answered = last.generation or 0 if last is not None else 0
     if request is not None and request.member is not None and request.member == resident:
@@ -76,7 +76,9 @@ def _idle_unloaded(raw: Any) -> s.IdleUnload | None:
     )
 
 
-def _swap(raw: Any) -> s.Swap | None:
+def swap_of(raw: Any) -> s.Swap | None:
+    """`status.swap` (or one of a budgeted pool's `loads`) read back; None when absent or
+    untrustworthy."""
     if not isinstance(raw, Mapping) or not raw.get("to"):
         return None
     try:

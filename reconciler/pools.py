@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from reconciler import pool_status, residency_status, scheduling
 from reconciler import residency as r
@@ -93,7 +93,8 @@ class PoolReconciler:
                 priorities={m.name: m.priority for m in spec.members},
                 idle_unload_after=spec.idle_unload_after_seconds,
             )
-            problem = self._problem(spec)
+            parsed, invalid = self._parsed_members(spec)
+            problem = self._problem(spec, parsed, invalid)
             budgeted = spec
             if problem is not None and problem.reason == MEMBER_NOT_FOUND:
                 remaining = ctx.settling.remaining(POOL, body)
@@ -105,7 +106,10 @@ class PoolReconciler:
         if budgeted is not None and budgeted.gpu_memory is not None:
             config = r.ResidencyConfig(
                 **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)},
-                gpu_memory=budgeted.gpu_memory, footprints=self._footprints(budgeted))
+                gpu_memory=budgeted.gpu_memory,
+                # 0 where none is stated: the spec's problem then says so, and the pool
+                # acts on nothing
+                footprints={m: size or 0 for m, size in footprints(budgeted, parsed).items()})
         events: list[s.Event] = [
             s.SpecObserved(config, generation, problem),
             s.RequestObserved(pool_status.request_of(status)),
@@ -288,7 +292,22 @@ class PoolReconciler:
 
     # Observing
 
-    def _problem(self, spec: ModelPoolSpec) -> s.Problem | None:
+    def _parsed_members(self, spec: ModelPoolSpec) -> tuple[dict[str, ModelServerSpec],
+                                                           list[str]]:
+        """The members' ModelServer specs that parse, and what is wrong with the others."""
+        parsed, invalid = {}, []
+        for m in spec.member_names:
+            body = self.ctx.stores.servers.get(spec.namespace, m)
+            if body is None:
+                continue
+            try:
+                parsed[m] = ModelServerSpec.from_body(body)
+            except SpecError as e:
+                invalid.append(f"{m}: {e}")
+        return parsed, invalid
+
+    def _problem(self, spec: ModelPoolSpec, parsed: Mapping[str, ModelServerSpec],
+                 invalid: Sequence[str]) -> s.Problem | None:
         servers = self.ctx.stores.servers
         missing = [m for m in spec.member_names if servers.get(spec.namespace, m) is None]
         if missing:
@@ -300,28 +319,9 @@ class PoolReconciler:
                 shared.append(f"{m} (also in {', '.join(sorted(others))})")
         if shared:
             return s.Problem("MemberInTwoPools", "members of another pool: " + ", ".join(shared))
-        invalid = []
-        parsed = {}
-        for m in spec.member_names:
-            try:
-                parsed[m] = ModelServerSpec.from_body(servers.get(spec.namespace, m) or {})
-            except SpecError as e:
-                invalid.append(f"{m}: {e}")
         if invalid:
             return s.Problem("InvalidMember", "; ".join(invalid))
         return footprint_problem(spec, parsed)
-
-    def _footprints(self, spec: ModelPoolSpec) -> dict[str, int]:
-        """Each member's footprint in bytes (0 where none is stated: the spec's problem
-        then says so, and the pool acts on nothing)."""
-        parsed = {}
-        for m in spec.member_names:
-            try:
-                parsed[m] = ModelServerSpec.from_body(
-                    self.ctx.stores.servers.get(spec.namespace, m) or {})
-            except SpecError:
-                continue
-        return {m: size or 0 for m, size in footprints(spec, parsed).items()}
 
     def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
         pods: dict[str, int] = {}

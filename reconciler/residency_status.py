@@ -16,7 +16,7 @@ from typing import Any
 
 from reconciler import conditions as cond
 from reconciler import residency as r
-from reconciler.pool_status import conditions, last_swap, request_of
+from reconciler.pool_status import conditions, last_swap, request_of, swap_of
 from reconciler.timefmt import parse, rfc3339
 
 OWNED_KEYS = (
@@ -63,21 +63,14 @@ def restore(config: r.ResidencyConfig, generation: int,
 
 
 def _load(raw: Any, config: r.ResidencyConfig) -> r.Load | None:
-    if not isinstance(raw, Mapping) or raw.get("to") not in config.members:
+    """One of `loads` read as a swap is (`pool_status`), with the victims it drains."""
+    swap = swap_of(raw)
+    if swap is None or swap.to not in config.members:
         return None
-    try:
-        phase = r.Phase(str(raw.get("phase")))
-    except ValueError:
-        return None
-    started = parse(raw.get("startedAt"))
-    if started is None:
-        return None
-    generation = raw.get("generation")
     victims = tuple(str(v) for v in raw.get("victims") or () if v in config.members)
-    return r.Load(to=str(raw["to"]),
-                  generation=generation if isinstance(generation, int) else None,
-                  phase=phase, started=started, phase_started=started, victims=victims,
-                  staged=phase is not r.Phase.DRAINING)
+    return r.Load(to=swap.to, generation=swap.generation, phase=swap.phase,
+                  started=swap.started, phase_started=swap.started, victims=victims,
+                  staged=swap.phase is not r.Phase.DRAINING)
 
 
 def _last_load(raw: Any) -> r.LastLoad | None:

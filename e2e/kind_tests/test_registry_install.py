@@ -84,20 +84,18 @@ def repo_digests(node: str, reference: str) -> list[str]:
     return list(json.loads(done.stdout)["status"].get("repoDigests") or [])
 
 
-def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[tuple[str, str]]:
-    """(image the spec names, imageID the kubelet reports) of each ready container of the
-    pods `selector` picks. The imageID names whichever reference containerd holds for that
-    content first: where the same image was also side-loaded (built from the same
-    checkout), that name, not the registry's; the registry's log and `crictl inspecti` say
-    what was pulled."""
+def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[str]:
+    """The image the spec names of each ready container of the pods `selector` picks. (The
+    kubelet's imageID names whichever reference containerd holds for that content first:
+    where the same image was also side-loaded, that name; the registry's log and `crictl
+    inspecti` say what was pulled.)"""
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
     out = []
     for pod in pods:
         if pod["metadata"].get("deletionTimestamp") is not None:
             continue
         spec = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
-        out += [(spec[s["name"]], s.get("imageID", ""))
-                for s in (pod.get("status") or {}).get("containerStatuses") or []
+        out += [spec[s["name"]] for s in (pod.get("status") or {}).get("containerStatuses") or []
                 if s.get("ready")]
     return out
 
@@ -127,13 +125,13 @@ def test_an_install_from_pushed_images_serves_and_swaps(
         kubectl("-n", SYSTEM, "rollout", "status", f"deployment/{RECONCILER}",
                 "--timeout=180s", timeout=200)
         reconciler = pod_images(kubectl, SYSTEM, "app.kubernetes.io/name=modelpool-reconciler")
-        assert reconciler and all(image == pinned for image, _ in reconciler), reconciler
+        assert reconciler and all(image == pinned for image in reconciler), reconciler
 
         harness.apply_examples(kubectl, ns, harness.EXAMPLES_TESTBED)
         harness.wait_pool_ready(kubectl, ns, "gpu0", resident="gemma", within=120)
         (router,) = harness.wait_router_ready(kubectl, ns, "chat", within=120)
         routers = pod_images(kubectl, ns, f"{harness.LABEL_ROUTER}=chat")
-        assert routers and all(image == pinned for image, _ in routers), routers
+        assert routers and all(image == pinned for image in routers), routers
         with openai.OpenAI(base_url=harness.base_url(router), api_key="unused",
                            max_retries=0, timeout=120) as client:
             for model in ("gemma", "qwen"):
