@@ -3,7 +3,13 @@ two real llama-server members and a fake one in vLLM mode, 8 GiB each in a 16 Gi
 (any two fit, three do not). Requests alternating between two that fit never swap: both
 stay resident, the router serves both at once, no pod of either is replaced. A request
 for the third evicts an idle resident, never the one busy with a generation, whose stream
-ends whole. A watch of the members' pods finds at most two placed at any moment."""
+ends whole. A watch of the members' pods finds at most two placed at any moment.
+
+The same pool on the fake device plugin's shared mode (no claim, no DRA): one node's GPU
+advertised three times with 16 GiB, the members pinned there, one share each. The scheduler
+would place all three; the budget keeps two, and a sampler of the device's memory ledger
+(the charges that live servers hold, e2e/fake_model/gpu_ledger.py) never finds more than the
+16 GiB charged."""
 
 from __future__ import annotations
 
@@ -11,13 +17,15 @@ import asyncio
 import contextlib
 import json
 import subprocess
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from e2e import harness
+from e2e.kind_tests.test_kind import ONE_GPU, allocatable, plugin_pod
 from e2e.kind_tests.test_real_members import CONTROL_PLANE, fake_vllm, llama, streamed_text
 from e2e.local.fixtures import Kubectl
 
@@ -153,3 +161,106 @@ async def test_members_that_fit_stay_resident_and_a_busy_one_is_never_evicted(
     assert samples, "no pod was seen"
     assert all(len(s) <= 2 for s in samples), [s for s in samples if len(s) > 2]
     assert {"gemma", "alpha"} in samples
+
+
+GIB = 1 << 30
+SHARES = {"modelpool.dev/fake-gpu-shares": "3", "modelpool.dev/fake-gpu-memory-mib": "16384"}
+LEDGER = "/var/lib/modelpool-fake-gpu/locks/gpu0.charges"
+# The charges whose holders live: a charge file's inode among the node's flocks (a dead
+# server's file stays until the next load sweeps it, and holds no lock).
+LIVE_CHARGES = (
+    f"for f in {LEDGER}/*.charge; do [ -e \"$f\" ] || continue; "
+    "i=$(stat -c %i \"$f\"); grep -q \":$i \" /proc/locks && cut -d' ' -f1 \"$f\"; done; true")
+
+
+def restart_plugin(kubectl: Kubectl, node: str, want: str) -> None:
+    """The plugin reads its node's labels when it starts: delete its pod, and wait for the
+    DaemonSet's next one to register `want` devices."""
+    old = plugin_pod(kubectl, node)
+    if old is not None:
+        kubectl("delete", "pod", "-n", "kube-system", old["metadata"]["name"], "--wait=true")
+    harness.eventually(lambda: True if allocatable(kubectl, node) == want else None,
+                       f"{node} to advertise {want} nvidia.com/gpu", 120)
+
+
+@pytest.fixture
+def shared_gpu_node(kind_kubectl: Kubectl) -> Iterator[str]:
+    """The one-GPU node with its device advertised three times, 16 GiB; as before after."""
+    kind_kubectl("label", "node", ONE_GPU, "--overwrite",
+                 *(f"{k}={v}" for k, v in SHARES.items()))
+    try:
+        restart_plugin(kind_kubectl, ONE_GPU, "3")
+        yield ONE_GPU
+    finally:
+        kind_kubectl("label", "node", ONE_GPU, *(f"{k}-" for k in SHARES))
+        restart_plugin(kind_kubectl, ONE_GPU, "1")
+
+
+def charged_bytes(node: str) -> int:
+    done = subprocess.run(["docker", "exec", node, "sh", "-c", LIVE_CHARGES],
+                          capture_output=True, text=True, timeout=30, check=True)
+    return sum(int(line) for line in done.stdout.split())
+
+
+@contextlib.contextmanager
+def ledger_sampler(node: str) -> Iterator[list[int]]:
+    """The device's live charges, read over and over until the block ends."""
+    samples: list[int] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            while not stop.is_set():
+                samples.append(charged_bytes(node))
+                stop.wait(0.2)
+        except Exception as error:  # the test fails with it below, not in a thread
+            failures.append(error)
+
+    thread = threading.Thread(target=sample, name="ledger-sampler", daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not failures, f"the ledger could not be read: {failures[0]!r}"
+
+
+async def test_the_budget_holds_on_a_shared_device_plugin_gpu(
+    kind_kubectl: Kubectl, restricted_namespace: str, shared_gpu_node: str,
+) -> None:
+    ns, kubectl = restricted_namespace, kind_kubectl
+    pool = harness.pool(POOL, ["gemma", "alpha", "qwen"], default="gemma", swap_budget="180s",
+                        gpuMemory="16Gi")
+    for entry in pool["spec"]["members"]:
+        entry["gpuMemory"] = "8Gi"
+    servers = [harness.on_node(s, shared_gpu_node) for s in (
+        llama("gemma", "/models/gemma.gguf"), llama("alpha", "/models/alpha-large.gguf"),
+        fake_vllm("qwen"))]
+    with ledger_sampler(shared_gpu_node) as charges:
+        async with placed_members(kubectl, ns) as samples:
+            harness.apply(kubectl, ns, *servers, pool, harness.router_on_node(
+                harness.router(ROUTER, ["gemma", "alpha", "qwen"]), CONTROL_PLANE))
+            (router,) = await asyncio.to_thread(harness.wait_router_ready, kubectl, ns,
+                                                ROUTER, None, 180.0)
+            await until_residents(kubectl, ns, {"gemma"})
+            client = openai.AsyncOpenAI(base_url=harness.base_url(router), api_key="unused",
+                                        max_retries=0, timeout=180)
+            try:
+                await client.chat.completions.create(model="alpha", messages=ASK, max_tokens=2)
+                status = await until_residents(kubectl, ns, {"gemma", "alpha"})
+                assert status["lastSwap"]["evicted"] == []
+                await asyncio.to_thread(harness.eventually,
+                                        lambda: True if charged_bytes(shared_gpu_node) == 16 * GIB
+                                        else None, "both residents charged", 60.0)
+                # gemma was used last but one: the third evicts it.
+                await client.chat.completions.create(model="gemma", messages=ASK, max_tokens=2)
+                await client.chat.completions.create(model="alpha", messages=ASK, max_tokens=2)
+                await client.chat.completions.create(model="qwen", messages=ASK, max_tokens=2)
+                status = await until_residents(kubectl, ns, {"alpha", "qwen"})
+                assert status["lastSwap"]["evicted"] == ["gemma"], status["lastSwap"]
+            finally:
+                await client.close()
+    assert samples and all(len(s) <= 2 for s in samples), [s for s in samples if len(s) > 2]
+    assert charges and max(charges) == 16 * GIB, sorted(set(charges))

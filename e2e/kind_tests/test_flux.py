@@ -14,6 +14,9 @@ The proof, in one test because each step stands on the one before:
 - no one but Flux owns a field of a ModelServer, ModelPool or ModelRouter outside their
   status: Flux does not judge this, but it is why the previous point holds;
 - a commit that adds a member rolls out: the member is served through the router;
+- a commit that gives the pool a memory budget (any two of its three members fit) rolls
+  out: two members are served side by side, the third evicts the one used least recently,
+  and a forced reconcile after it finds nothing to change;
 - a commit that removes the pool (the pool, its members and its router) prunes them, and
   with them everything the reconciler rendered for them.
 
@@ -249,6 +252,24 @@ def add_member(overlay: Path) -> None:
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
+def add_budget(overlay: Path) -> None:
+    """The commit that gives the pool 16 GiB and each of its three members 8 GiB."""
+    spec = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    ops: list[Json] = [{"op": "add", "path": "/spec/gpuMemory", "value": "16Gi"}]
+    ops += [{"op": "add", "path": f"/spec/members/{i}/gpuMemory", "value": "8Gi"}
+            for i in range(3)]
+    spec["patches"].append({"target": {"kind": "ModelPool", "name": POOL},
+                            "patch": yaml.safe_dump(ops)})
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def residents(kubectl: Kubectl) -> set[str] | None:
+    status = harness.pool_status(kubectl, DEMO, POOL)
+    if status.get("phase") != "Ready":
+        return None
+    return {r["name"] for r in status.get("residents") or []}
+
+
 def remove_pool(overlay: Path) -> None:
     """The commit that removes the pool, its members and its router: the namespace stays."""
     spec = yaml.safe_load((overlay / "kustomization.yaml").read_text())
@@ -355,6 +376,23 @@ async def test_flux_syncs_modelpool_and_finds_nothing_to_change_through_swaps(
             assert reply.model == "mistral" and reply.choices[0].message.content, reply
             await asyncio.to_thread(harness.wait_pool_ready, kubectl, DEMO, POOL, "mistral",
                                     60.0)
+
+            # A commit that gives the pool a memory budget: two members side by side.
+            add_budget(overlay)
+            revision = await asyncio.to_thread(repo.commit, "examples: the pool gets 16 GiB")
+            await asyncio.to_thread(sync, kubectl, revision)
+            for member in ("gemma", "qwen", "mistral"):
+                reply = await client.chat.completions.create(model=member, messages=HELLO,
+                                                             max_tokens=4)
+                assert reply.model == member and reply.choices[0].message.content, reply
+            await asyncio.to_thread(
+                harness.eventually,
+                lambda: residents(kubectl) == {"qwen", "mistral"} or None,
+                "qwen and mistral resident, gemma evicted", 120.0)
+            last = harness.pool_status(kubectl, DEMO, POOL)["lastSwap"]
+            assert last["to"] == "mistral" and last["evicted"] == ["gemma"], last
+            for name in KUSTOMIZATIONS:
+                await asyncio.to_thread(assert_nothing_to_change, kubectl, name)
 
             # A commit that removes the pool prunes it and all that was rendered for it.
             before = rendered(kubectl)
