@@ -375,14 +375,15 @@ def router_on_node(router_body: Json, node: str) -> Json:
     return router_body
 
 
-def node_volume(namespace: str, claim: str, node: str, path: str) -> tuple[Json, Json]:
+def node_volume(namespace: str, claim: str, node: str, path: str,
+                access: str = "ReadOnlyMany") -> tuple[Json, Json]:
     """A PersistentVolume on `node`'s directory `path`, bound to the claim `claim` in
     `namespace`, and that claim: how a namespace that enforces `restricted` (which admits
     no hostPath) reaches files put on a node."""
     volume_name = f"{namespace}-{claim}"
     pv = {"apiVersion": "v1", "kind": "PersistentVolume",
           "metadata": {"name": volume_name},
-          "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadOnlyMany"],
+          "spec": {"capacity": {"storage": "10Gi"}, "accessModes": [access],
                    "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
                    "hostPath": {"path": path, "type": "Directory"},
                    "claimRef": {"namespace": namespace, "name": claim},
@@ -391,7 +392,7 @@ def node_volume(namespace: str, claim: str, node: str, path: str) -> tuple[Json,
                         "values": [node]}]}]}}}}
     pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
            "metadata": {"name": claim},
-           "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "",
+           "spec": {"accessModes": [access], "storageClassName": "",
                     "volumeName": volume_name, "resources": {"requests": {"storage": "10Gi"}}}}
     return pv, pvc
 

@@ -174,7 +174,8 @@ def pool_status(state: r.ResidencyState, previous: Mapping[str, Any] | None,
             "idleSeconds": round(gone.idle_for, 1),
         },
         "members": [
-            {"name": m, "phase": member_phase(state, m), "resident": m in state.residents}
+            {"name": m, "phase": member_phase(state, m), "resident": m in state.residents,
+             "gpuMemory": state.config.footprints.get(m)}
             for m in state.config.members
         ],
         "conditions": cond.merge(previous.get("conditions"), pool_conditions(state),

@@ -286,13 +286,19 @@ class Activation:
     def swap_can_start(self, backend: BackendConfig) -> bool:
         """Whether a swap to `backend`'s member could start at once (activation IfIdle): no
         swap runs or waits in this pool, and its resident member has no request in flight
-        through this router. The reconciler's idle probe still decides the drain; this is
-        what one router can know."""
+        through this router. In a pool with a memory budget: the member fits in the room
+        left, or nothing waits and the residents idle through this router (none a victim
+        of a load already) free enough room for it. The reconciler's idle probe still
+        decides the drain; this is what one router can know."""
         if backend.pool is None:
             return True
         state = self._pools.get(backend.pool)
         status = self._seen.get(backend.pool)
-        if state is None or status is None or status.swap is not None:
+        if state is None or status is None:
+            return False
+        if status.residents is not None:
+            return self._load_can_start(backend, state, status)
+        if status.swap is not None:
             return False
         if activator.held_total(state):
             return False
@@ -300,6 +306,28 @@ class Activation:
             return True
         incumbent = self._config.backend_for_member(status.resident_member)
         return incumbent is None or self._inflight[incumbent.name] == 0
+
+    def _load_can_start(self, backend: BackendConfig, state: activator.PoolState,
+                        status: activator.PoolStatus) -> bool:
+        """A budgeted pool's IfIdle: `backend`'s member fits now, or idle residents make
+        room for it at once."""
+        member = backend.model_server
+        need = status.footprints.get(member or "")
+        if member is None or need is None or status.room_left is None:
+            return False
+        if need <= status.room_left or member in {x.to_member for x in status.loads}:
+            return True  # it loads at once, or its load already runs
+        if activator.held_total(state):
+            return False
+        evicting = {v for load in status.loads for v in load.victims}
+        idle = 0
+        for resident in status.residents or ():
+            incumbent = self._config.backend_for_member(resident)
+            if resident in evicting or (incumbent is not None
+                                        and self._inflight[incumbent.name] > 0):
+                continue
+            idle += status.footprints.get(resident, 0)
+        return status.room_left + idle >= need
 
     def hold_progress(self, backend: BackendConfig) -> str:
         """What a request held for `backend` waits on, as the pool's status says: the

@@ -99,6 +99,10 @@ class PoolStatus:
     # oldest first. None and () for an exclusive pool, whose status has no such fields.
     residents: frozenset[str] | None = None
     loads: tuple[SwapProgress, ...] = ()
+    # And what of its budget is free, and each member's footprint (bytes): whether a
+    # member fits without evicting anyone.
+    room_left: int | None = None
+    footprints: Mapping[str, int] = field(default_factory=dict)
 
 
 # --- State --------------------------------------------------------------------------------

@@ -340,7 +340,26 @@ def parse_pool(obj: Body) -> PoolStatus:
         last_swap=_last_swap(st.get("lastSwap")),
         residents=_residents(st.get("residents")),
         loads=_loads(st.get("loads")),
+        room_left=_count(st.get("roomLeft")),
+        footprints=_footprints(st.get("members"), st.get("residents")),
     )
+
+
+def _count(raw: Any) -> int | None:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
+
+
+def _footprints(*lists: Any) -> dict[str, int]:
+    """Each member's footprint in bytes, from a budgeted pool's `members` and `residents`
+    entries (`gpuMemory`); none for an exclusive pool."""
+    found: dict[str, int] = {}
+    for raw in lists:
+        for entry in raw if isinstance(raw, list) else ():
+            if isinstance(entry, dict) and entry.get("name"):
+                size = _count(entry.get("gpuMemory"))
+                if size is not None:
+                    found[str(entry["name"])] = size
+    return found
 
 
 def _residents(raw: Any) -> frozenset[str] | None:

@@ -594,3 +594,51 @@ async def test_what_fallback_and_held_streams_ask_of_the_activation(pools: FakeC
         await eventually(lambda: a.hold_progress(gemma) == f"swap phase Loading: {crash}")
 
     await running([router], body)
+
+
+async def test_if_idle_in_a_budgeted_pool_means_it_fits_or_a_victim_is_idle(
+    pools: FakeCluster,
+) -> None:
+    """IfIdle in a pool with a memory budget: a member that fits loads at once; one that
+    does not, only while the residents idle through this router free enough room and no
+    one waits; never while the room is promised to a load that evicts them already."""
+    router = Router(pools, router_config())
+    a = router.activation
+    coder, gemma = router.backend("coder"), router.backend("gemma")
+    gib = 1 << 30
+    pools.set_pool("heavy", resident_member="coder", residents=frozenset({"coder"}),
+                   room_left=10 * gib, footprints={"coder": 6 * gib, "gemma": 8 * gib})
+
+    async def seen(**changes: Any) -> None:
+        pools.set_pool("heavy", **changes)
+        await eventually(pools.delivered)
+
+    async def body() -> None:
+        await eventually(lambda: a.serves_now(coder))
+        assert a.swap_can_start(gemma)  # 8 GiB fits in the 10 left
+        async with a.acquire(coder):  # busy, but gemma still fits beside it
+            assert a.swap_can_start(gemma)
+        await seen(room_left=4 * gib)
+        assert a.swap_can_start(gemma)  # coder idle: 4 + 6 >= 8
+        async with a.acquire(coder):  # the only victim is busy
+            assert not a.swap_can_start(gemma)
+        await seen(room_left=1 * gib)
+        assert not a.swap_can_start(gemma)  # 1 + 6 < 8
+        await seen(room_left=4 * gib,
+                   loads=(SwapProgress("coder", "phi", 5, "Draining", None, ("coder",)),))
+        assert not a.swap_can_start(gemma)  # coder goes for another
+        await seen(room_left=0, loads=(SwapProgress(None, "gemma", 6, "Loading"),))
+        assert a.swap_can_start(gemma)  # its load already runs
+        # A request held for gemma: while it fits, another loads at once beside it; while
+        # it needs a victim, the one held comes first.
+        await seen(room_left=10 * gib, loads=())
+        held = asyncio.create_task(router.call("gemma"))
+        await eventually(lambda: router.sample("modelpool_held_requests", pool="heavy",
+                                               member="gemma") == 1)
+        assert a.swap_can_start(gemma)
+        await seen(room_left=4 * gib)
+        assert not a.swap_can_start(gemma)
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+
+    await running([router], body)

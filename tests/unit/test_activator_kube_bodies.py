@@ -150,6 +150,11 @@ def test_parse_pool_reads_a_budgeted_pools_residents_and_loads() -> None:
                 {"since": "2026-11-30T09:31:00Z"},  # no name: not a resident
             ],
             "roomLeft": 4294967296,
+            "members": [
+                {"name": "coder", "phase": "Ready", "gpuMemory": 8589934592},
+                {"name": "phi", "phase": "Stopped", "gpuMemory": 6442450944},
+                {"name": "qwen", "phase": "Stopped", "gpuMemory": "6Gi"},  # not bytes: unknown
+            ],
             "loads": [
                 {"to": "phi", "generation": 7, "phase": "Draining", "victims": ["coder"]},
                 {"to": "qwen", "generation": None, "phase": "Loading", "victims": []},
@@ -166,6 +171,8 @@ def test_parse_pool_reads_a_budgeted_pools_residents_and_loads() -> None:
     )
     assert parsed.swap == SwapProgress("coder", "phi", 7, "Draining")
     assert parsed.resident_member == "gemma"
+    assert parsed.room_left == 4294967296
+    assert parsed.footprints == {"coder": 8589934592, "gemma": 4294967296, "phi": 6442450944}
 
 
 @pytest.mark.parametrize(
@@ -183,6 +190,7 @@ def test_parse_pool_tells_an_exclusive_pool_from_an_empty_set(
 ) -> None:
     parsed = parse_pool({"metadata": {"name": "heavy", "resourceVersion": "1"}, "status": status})
     assert (parsed.residents, parsed.loads) == (residents, loads)
+    assert (parsed.room_left, parsed.footprints) == (None, {})
 
 
 def test_parse_slice_takes_the_http_port_and_readiness() -> None:

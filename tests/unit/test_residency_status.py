@@ -39,6 +39,8 @@ def test_status_lists_the_residents_the_room_and_the_loads() -> None:
     assert status["phase"] == "Swapping"
     assert status["lastSwap"]["evicted"] == []
     assert [m["resident"] for m in status["members"]] == [True, True, False]
+    assert [m["gpuMemory"] for m in status["members"]] == [
+        CONFIG.footprints[m] for m in CONFIG.members]
 
 
 def test_the_state_read_back_from_status_carries_on() -> None:
