@@ -25,6 +25,7 @@ import httpx
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from reconciler import device_claim
 from reconciler.controller import Controller
 from reconciler.kube import Kube
 from reconciler.leader import LeaderElector
@@ -108,12 +109,16 @@ async def run(
 async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
                      stop: asyncio.Event, synced: asyncio.Event) -> None:
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
+    claims_served = device_claim.claims_served(
+        await kube.discover(device_claim.GROUP_VERSION))
+    log.info("Dynamic Resource Allocation (%s): %s", device_claim.GROUP_VERSION,
+             "served" if claims_served else "not served, claim pools are stalled")
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
         controller = Controller(kube, settings, metrics,
                                 Renderer(reconciler_namespace=settings.leader.namespace,
                                          router_image=settings.router_image),
-                                probe, ready=synced)
+                                probe, ready=synced, claims_served=claims_served)
 
         async def lead() -> None:
             if elector is not None:

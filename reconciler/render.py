@@ -18,6 +18,8 @@ from typing import Any
 import jinja2
 import yaml
 
+from reconciler import vllm_share
+from reconciler.device_claim import POD_CLAIM, REQUEST, claim_name
 from reconciler.router_config import (
     CONFIG_KEY,
     RenderError,
@@ -26,8 +28,6 @@ from reconciler.router_config import (
     readiness_path,
     router_config,
 )
-from reconciler import vllm_share
-from reconciler.device_claim import POD_CLAIM, REQUEST, claim_name
 from reconciler.spec import (
     API_VERSION,
     DEFAULT_ROUTER_IMAGE,
@@ -43,8 +43,8 @@ __all__ = [
     "LABEL_ROUTER",
     "LABEL_SERVER",
     "MANAGED_BY",
-    "POOL_KINDS",
     "PART_OF",
+    "POOL_KINDS",
     "ROUTER_KINDS",
     "SERVER_KINDS",
     "SLOT_GATE",
