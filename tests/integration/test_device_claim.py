@@ -72,7 +72,7 @@ def published_device(kubectl: Any, namespace: str) -> Iterator[str]:
 
 
 async def test_a_claim_pool_shares_one_allocated_device_and_its_budget_is_its_memory(
-    reconciler: Running, kubectl: Any, namespace: str, published_device: str
+    reconciler: Running, kubectl: Any, namespace: str, published_device: str,  # noqa: F811
 ) -> None:
     """No spec.gpuMemory: until the claim is allocated the pool counts against its largest
     member (12 GiB), so a loads alone; its pod allocates the claim, whose device publishes
@@ -113,7 +113,7 @@ async def test_a_claim_pool_shares_one_allocated_device_and_its_budget_is_its_me
 
 
 async def test_a_claim_that_cannot_be_allocated_makes_the_pool_say_why(
-    reconciler: Running, kubectl: Any, namespace: str
+    reconciler: Running, kubectl: Any, namespace: str,  # noqa: F811
 ) -> None:
     """A device class nobody publishes: the scheduler will not place the member's pod,
     and the pool says so in the scheduler's words and its own (which claim, which class,
@@ -136,7 +136,7 @@ async def test_a_claim_that_cannot_be_allocated_makes_the_pool_say_why(
 
 
 async def test_removing_the_claim_prunes_it_and_the_members_request_the_gpu_again(
-    reconciler: Running, kubectl: Any, namespace: str
+    reconciler: Running, kubectl: Any, namespace: str,  # noqa: F811
 ) -> None:
     """The pool's claim goes with spec.device, and its members are rendered as a device
     plugin's members again (the gate to them unchanged)."""
