@@ -102,7 +102,9 @@ class PoolReconciler:
             pool_budget, budget_problem = (
                 dc.budget(spec, device, footprints(spec, parsed)) if spec.budgeted
                 else (None, None))
-            problem = self._problem(spec, parsed, invalid, pool_budget) or budget_problem
+            problem = self._problem(spec, parsed, invalid,
+                                    pool_budget if budget_problem is None else None
+                                    ) or budget_problem
             budgeted = spec
             if problem is not None and problem.reason == MEMBER_NOT_FOUND:
                 remaining = ctx.settling.remaining(POOL, body)
