@@ -14,8 +14,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import kr8s.asyncio
 import pytest
 
+from reconciler.device_claim import GROUP_VERSION, claims_served
+from reconciler.kube import Kube
 from tests.integration.test_reconciler import (  # noqa: F401 (fixtures)
     GIB,
     Json,
@@ -33,6 +36,17 @@ from tests.integration.test_reconciler import (  # noqa: F401 (fixtures)
 )
 
 pytestmark = pytest.mark.integration
+
+
+async def test_the_reconciler_finds_the_api_served_and_a_group_version_not_served(
+    api: kr8s.asyncio.Api,
+) -> None:
+    """What the reconciler asks at start: the testbed's API server (Kubernetes 1.35) serves
+    `resource.k8s.io/v1`; a group version it does not serve answers None, and a claim
+    pool is then stalled (tests/unit/test_claim_pool_shell.py)."""
+    kube = Kube(api)
+    assert claims_served(await kube.discover(GROUP_VERSION))
+    assert await kube.discover("resource.k8s.io/v9") is None
 
 
 def claim_pool(sizes: dict[str, int], device_class: str, budget: str | None = None) -> Json:
