@@ -53,12 +53,14 @@ class Controller:
         clock: Callable[[], float] = time.time,
         ready: asyncio.Event | None = None,
         claims_served: bool = False,
+        claims_refused: str | None = None,
     ) -> None:
         """`ready` is set once the caches are synced (the health server's /readyz reads
         it, and may be serving before this controller exists). `claims_served`: the API
         server serves Dynamic Resource Allocation (`resource.k8s.io/v1`), so claim pools'
         ResourceClaims and the devices drivers publish are watched; without it a claim
-        pool is stalled (`reconciler.device_claim`)."""
+        pool is stalled (`reconciler.device_claim`), saying `claims_refused` where the API
+        server serves them but this reconciler may not read them."""
         self.settings = settings
         self.metrics = metrics
         self.queue: WorkQueue[Key] = WorkQueue()
@@ -97,6 +99,7 @@ class Controller:
             writer=Writer(kube, metrics, stores, clock, settings.leader.identity,
                           settings.create_retry_seconds),
             settling=Settling(clock, settings.swap.standalone_settle_seconds),
+            claims_refused=claims_refused,
         )
         self.pool_reconciler: PoolReconciler
         self.server_reconciler = ServerReconciler(

@@ -27,6 +27,7 @@ REQUEST = "gpu"
 MEMORY_CAPACITY = "memory"
 # A claim pool's problems: the pool is Stalled and nothing is scaled.
 CLAIMS_UNSUPPORTED = "DeviceClaimUnsupported"
+CLAIMS_FORBIDDEN = "DeviceClaimForbidden"
 DEVICE_MEMORY_UNKNOWN = "DeviceMemoryUnknown"
 
 
@@ -45,8 +46,15 @@ def claims_served(discovery: Mapping[str, Any] | None) -> bool:
     return {"resourceclaims", "resourceslices", "deviceclasses"} <= names
 
 
-def unsupported_problem(spec: ModelPoolSpec) -> Problem:
+def unsupported_problem(spec: ModelPoolSpec, refused: str | None = None) -> Problem:
+    """Why a claim pool cannot be served: the API is not served, or (`refused`, the API
+    server's words) this reconciler may not read what it needs of it."""
     assert spec.claim is not None
+    if refused is not None:
+        return Problem(CLAIMS_FORBIDDEN, (
+            "spec.device.claim needs the reconciler to manage ResourceClaims and read "
+            "ResourceSlices and DeviceClasses, which the API server refuses it: nothing is "
+            f"scaled. Grant what manifests/clusterrole.yaml grants, then restart it ({refused})"))
     return Problem(CLAIMS_UNSUPPORTED, (
         f"spec.device.claim needs the {GROUP_VERSION} API (Dynamic Resource Allocation, GA "
         "in Kubernetes 1.34), which this API server does not serve: nothing is scaled. "

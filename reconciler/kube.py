@@ -192,6 +192,17 @@ class Kube:
             return None
         return data if isinstance(data, dict) else {}
 
+    async def list_refused(self, resource: Resource, namespace: str | None) -> str | None:
+        """Why this client may not list `resource` (in `namespace`, or the cluster), in the
+        API server's words; None when it may."""
+        try:
+            await self.request("GET", resource, namespace, params={"limit": "1"})
+        except KubeError as e:
+            if e.status in (401, 403):
+                return str(e)
+            raise
+        return None
+
     async def get(
         self, resource: Resource, namespace: str | None, name: str
     ) -> dict[str, Any] | None:

@@ -354,7 +354,7 @@ class PoolReconciler:
         if invalid:
             return s.Problem("InvalidMember", "; ".join(invalid))
         if spec.claim is not None and self.ctx.stores.claims is None:
-            return dc.unsupported_problem(spec)
+            return dc.unsupported_problem(spec, self.ctx.claims_refused)
         return footprint_problem(spec, parsed, budget)
 
     def _member_pods(self, namespace: str, members: Sequence[str],

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from reconciler import residency as r
 from reconciler.controller import Controller
+from reconciler.kube import RESOURCE_SLICES, KubeError, Resource
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.render import Renderer
 from reconciler.settings import Settings
@@ -36,9 +37,11 @@ GIB = 1 << 30
 DRIVER = "gpu.fake.modelpool.dev"
 
 
-def claim_controller(kube: FakeKube, served: bool, **spec: Any) -> Controller:
+def claim_controller(kube: FakeKube, served: bool, refused: str | None = None,
+                     **spec: Any) -> Controller:
     c = Controller(kube, Settings(namespace=NS), ReconcilerMetrics(CollectorRegistry()),
-                   Renderer(), FakeProbe(kube), clock=lambda: NOW, claims_served=served)
+                   Renderer(), FakeProbe(kube), clock=lambda: NOW, claims_served=served,
+                   claims_refused=refused)
     for name in ("a", "b"):
         c.servers.cache[(NS, name)] = server(name)
     body = pool_body()
@@ -90,6 +93,44 @@ async def test_without_the_api_a_claim_pool_is_stalled_and_nothing_is_scaled() -
     assert ("event", "DeviceClaimUnsupported", "slot") in kube.calls
     (c_,) = [x for x in status["conditions"] if x["type"] == "Stalled"]
     assert "resource.k8s.io/v1" in c_["message"], c_
+
+
+async def test_where_the_reconciler_may_not_read_claims_a_claim_pool_says_so() -> None:
+    kube = FakeKube()
+    c = claim_controller(kube, served=False, refused="GET resourceslices: forbidden")
+    status = await reconcile(c)
+    assert stalled(status) == [("True", "DeviceClaimForbidden")]
+    (c_,) = [x for x in status["conditions"] if x["type"] == "Stalled"]
+    assert "manifests/clusterrole.yaml" in c_["message"]
+    assert "GET resourceslices: forbidden" in c_["message"]
+    assert [call for call in kube.calls if call[0] in ("apply", "delete")] == []
+
+
+class Refusing(FakeKube):
+    """Answers a list with the API server's refusal `status`."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status = status
+
+    async def request(self, method: str, resource: Resource, namespace: str | None,
+                      name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        if self.status:
+            raise KubeError(f"{method} {resource.plural}: refused", self.status)
+        return {"items": []}
+
+
+@pytest.mark.parametrize(("status", "refused"), [(0, False), (403, True), (401, True)])
+async def test_a_list_refused_by_rbac_is_told_apart(status: int, refused: bool) -> None:
+    found = await Refusing(status).list_refused(RESOURCE_SLICES, None)
+    assert (found is not None) is refused
+    if refused:
+        assert found is not None and "resourceslices: refused" in found
+
+
+async def test_any_other_failure_of_the_list_is_raised() -> None:
+    with pytest.raises(KubeError):
+        await Refusing(503).list_refused(RESOURCE_SLICES, None)
 
 
 async def test_the_claim_is_applied_before_the_first_member_is_scaled() -> None:

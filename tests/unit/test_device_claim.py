@@ -161,6 +161,13 @@ def test_without_the_api_the_problem_names_it_and_the_way_out() -> None:
     assert "device plugin's shares" in problem.message
 
 
+def test_a_reconciler_refused_the_api_says_what_to_grant() -> None:
+    problem = dc.unsupported_problem(pool(device={"claim": {}}), "list: forbidden")
+    assert problem.reason == "DeviceClaimForbidden"
+    assert "manifests/clusterrole.yaml" in problem.message
+    assert "list: forbidden" in problem.message
+
+
 def test_the_device_status() -> None:
     assert dc.status_of(dc.Device("slot-gpu", DEVICE, 16 * GIB), 16 * GIB) == {
         "claim": "slot-gpu", "allocated": f"{DRIVER}/node-1/gpu-0", "memory": 16 * GIB,
