@@ -25,8 +25,9 @@ import httpx
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from reconciler import device_claim
 from reconciler.controller import Controller
-from reconciler.kube import Kube
+from reconciler.kube import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, Kube
 from reconciler.leader import LeaderElector
 from reconciler.logs import setup_logging
 from reconciler.metrics import ReconcilerMetrics
@@ -108,12 +109,27 @@ async def run(
 async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
                      stop: asyncio.Event, synced: asyncio.Event) -> None:
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
+    claims_served = device_claim.claims_served(
+        await kube.discover(device_claim.GROUP_VERSION))
+    # Watched only if this reconciler may: a watch it is refused would keep the caches
+    # from ever syncing, and every pool waiting.
+    claims_refused = None
+    if claims_served:
+        for resource, namespace in ((RESOURCE_CLAIMS, settings.namespace),
+                                    (RESOURCE_SLICES, None), (DEVICE_CLASSES, None)):
+            claims_refused = claims_refused or await kube.list_refused(resource, namespace)
+    log.info("Dynamic Resource Allocation (%s): %s", device_claim.GROUP_VERSION,
+             "not served, claim pools are stalled" if not claims_served
+             else f"refused ({claims_refused}), claim pools are stalled" if claims_refused
+             else "served")
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)
         controller = Controller(kube, settings, metrics,
                                 Renderer(reconciler_namespace=settings.leader.namespace,
                                          router_image=settings.router_image),
-                                probe, ready=synced)
+                                probe, ready=synced,
+                                claims_served=claims_served and claims_refused is None,
+                                claims_refused=claims_refused)
 
         async def lead() -> None:
             if elector is not None:

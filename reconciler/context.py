@@ -75,6 +75,9 @@ class Context:
     lookups: Lookups
     settling: Settling
     background: Background = field(default_factory=Background)
+    # Why claim pools cannot be served though the API server serves ResourceClaims: this
+    # reconciler may not read them (RBAC), in the API server's words.
+    claims_refused: str | None = None
 
     def add(self, kind: str, namespace: str, name: str) -> None:
         """Queue another key (one this reconcile's outcome concerns)."""

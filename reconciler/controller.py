@@ -29,7 +29,7 @@ from reconciler.objects import labels, meta
 from reconciler.pools import PoolReconciler
 from reconciler.prewarm import Prewarm
 from reconciler.probes import IdleProbe
-from reconciler.render import LABEL_ROUTER, LABEL_SERVER, Renderer, RenderError
+from reconciler.render import LABEL_POOL, LABEL_ROUTER, LABEL_SERVER, Renderer, RenderError
 from reconciler.routers import RouterReconciler
 from reconciler.servers import ServerReconciler
 from reconciler.settings import Settings
@@ -52,9 +52,15 @@ class Controller:
         probe: IdleProbe,
         clock: Callable[[], float] = time.time,
         ready: asyncio.Event | None = None,
+        claims_served: bool = False,
+        claims_refused: str | None = None,
     ) -> None:
         """`ready` is set once the caches are synced (the health server's /readyz reads
-        it, and may be serving before this controller exists)."""
+        it, and may be serving before this controller exists). `claims_served`: the API
+        server serves Dynamic Resource Allocation (`resource.k8s.io/v1`), so claim pools'
+        ResourceClaims and the devices drivers publish are watched; without it a claim
+        pool is stalled (`reconciler.device_claim`), saying `claims_refused` where the API
+        server serves them but this reconciler may not read them."""
         self.settings = settings
         self.metrics = metrics
         self.queue: WorkQueue[Key] = WorkQueue()
@@ -78,6 +84,11 @@ class Controller:
             network_policies=k.Informer(kube, k.NETWORK_POLICIES, ns, self._on_owned,
                                         MANAGED),
             pods=k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER),
+            **({
+                "claims": k.Informer(kube, k.RESOURCE_CLAIMS, ns, self._on_claim, MANAGED),
+                "slices": k.Informer(kube, k.RESOURCE_SLICES, None, self._on_devices),
+                "device_classes": k.Informer(kube, k.DEVICE_CLASSES, None, self._on_devices),
+            } if claims_served else {}),
         )
         self.pods = stores.pods
         self.informers = stores.all()
@@ -88,6 +99,7 @@ class Controller:
             writer=Writer(kube, metrics, stores, clock, settings.leader.identity,
                           settings.create_retry_seconds),
             settling=Settling(clock, settings.swap.standalone_settle_seconds),
+            claims_refused=claims_refused,
         )
         self.pool_reconciler: PoolReconciler
         self.server_reconciler = ServerReconciler(
@@ -187,6 +199,21 @@ class Controller:
             for pool in self.lookups.pools_of(ns, server):
                 self._add(POOL, ns, pool)
         self._on_owned(type_, obj)
+
+    def _on_claim(self, _type: str, obj: dict[str, Any]) -> None:
+        # A claim pool's ResourceClaim allocated (its budget may be the device's memory),
+        # or changed by hand (applied back).
+        pool = labels(obj).get(LABEL_POOL)
+        if pool:
+            ns, _ = k.key_of(obj)
+            self._add(POOL, ns, pool)
+
+    def _on_devices(self, _type: str, _obj: dict[str, Any]) -> None:
+        # A driver's devices or a DeviceClass: what a claim pool says of its device.
+        for pool in self.pools.items():
+            if ((pool.get("spec") or {}).get("device") or {}).get("claim") is not None:
+                ns, name = k.key_of(pool)
+                self._add(POOL, ns, name)
 
     def _on_pod(self, _type: str, obj: dict[str, Any]) -> None:
         ns, _ = k.key_of(obj)

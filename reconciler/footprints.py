@@ -33,23 +33,36 @@ def footprints(pool: ModelPoolSpec,
     return found
 
 
-def footprint_problem(pool: ModelPoolSpec,
-                      servers: Mapping[str, ModelServerSpec]) -> Problem | None:
-    """Why a budgeted pool cannot count its members; None for a pool without a budget."""
-    budget = pool.gpu_memory
+def footprint_problem(pool: ModelPoolSpec, servers: Mapping[str, ModelServerSpec],
+                      budget: int | None = None) -> Problem | None:
+    """Why a budgeted pool cannot count its members against `budget` (by default its
+    `spec.gpuMemory`; a claim pool's may be its device's memory); None for a pool
+    without a budget."""
     if budget is None:
+        budget = pool.gpu_memory
+    if budget is None or not pool.budgeted:
         return None
     sizes = footprints(pool, servers)
     missing = [name for name, size in sizes.items() if size is None]
     if missing:
         return Problem(FOOTPRINT_MISSING, (
-            f"spec.gpuMemory is {format_bytes(budget)} but no footprint is stated for "
+            f"{_stated(pool)} but no footprint is stated for "
             f"{', '.join(missing)}: set gpuMemory on the member's entry in spec.members "
             "or spec.resources.gpuMemory on its ModelServer"))
     over = [f"{name} ({format_bytes(size)})" for name, size in sizes.items()
             if size is not None and size > budget]
     if over:
         return Problem(FOOTPRINT_OVER_BUDGET, (
-            f"members larger than spec.gpuMemory ({format_bytes(budget)}): "
+            f"members larger than {_what(pool)} ({format_bytes(budget)}): "
             + ", ".join(over)))
     return None
+
+
+def _what(pool: ModelPoolSpec) -> str:
+    return "spec.gpuMemory" if pool.gpu_memory is not None else "the claimed device's memory"
+
+
+def _stated(pool: ModelPoolSpec) -> str:
+    if pool.gpu_memory is not None:
+        return f"spec.gpuMemory is {format_bytes(pool.gpu_memory)}"
+    return "the pool shares a claimed device by memory (spec.device.claim)"

@@ -93,12 +93,20 @@ PODS = Resource("v1", "Pod", "pods")
 EVENTS = Resource("v1", "Event", "events")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 NETWORK_POLICIES = Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+# Dynamic Resource Allocation: a claim pool's ResourceClaim, the devices drivers publish,
+# their classes. Watched only where the API server serves them (`Kube.discover`).
+RESOURCE_CLAIMS = Resource("resource.k8s.io/v1", "ResourceClaim", "resourceclaims")
+RESOURCE_SLICES = Resource("resource.k8s.io/v1", "ResourceSlice", "resourceslices",
+                           namespaced=False)
+DEVICE_CLASSES = Resource("resource.k8s.io/v1", "DeviceClass", "deviceclasses",
+                          namespaced=False)
 
 BY_KIND: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
     for r in (
         MODEL_SERVERS, MODEL_POOLS, MODEL_ROUTERS, DEPLOYMENTS, SERVICES, CONFIG_MAPS,
         SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PODS, EVENTS, LEASES, NETWORK_POLICIES,
+        RESOURCE_CLAIMS, RESOURCE_SLICES, DEVICE_CLASSES,
     )
 }
 
@@ -172,6 +180,28 @@ class Kube:
             timeout=REQUEST_TIMEOUT,
         )
         return data if isinstance(data, dict) else {}
+
+    async def discover(self, group_version: str) -> dict[str, Any] | None:
+        """The API server's discovery answer for `group_version` (an APIResourceList),
+        None where it does not serve that group version."""
+        try:
+            data = await self._client.json(f"GET /apis/{group_version}", "GET", base="/apis",
+                                           version="", url=group_version,
+                                           timeout=REQUEST_TIMEOUT)
+        except NotFound:
+            return None
+        return data if isinstance(data, dict) else {}
+
+    async def list_refused(self, resource: Resource, namespace: str | None) -> str | None:
+        """Why this client may not list `resource` (in `namespace`, or the cluster), in the
+        API server's words; None when it may."""
+        try:
+            await self.request("GET", resource, namespace, params={"limit": "1"})
+        except KubeError as e:
+            if e.status in (401, 403):
+                return str(e)
+            raise
+        return None
 
     async def get(
         self, resource: Resource, namespace: str | None, name: str

@@ -1,14 +1,17 @@
 """The questions one kind asks about another, answered from the watch caches: which
-pools hold a server, which routers front it, which pods are a server's. The reconcilers
-and the mapping of watch events to keys ask them alike."""
+pools hold a server, which routers front it, which pods are a server's, what a claim pool
+knows of its device. The reconcilers and the mapping of watch events to keys ask them
+alike."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from reconciler import device_claim as dc
 from reconciler.objects import labels, meta, pod_active
 from reconciler.render import LABEL_SERVER
+from reconciler.spec import ModelPoolSpec
 from reconciler.stores import Stores
 
 
@@ -47,3 +50,15 @@ class Lookups:
         """The pods of `server` that may still hold a GPU (terminating ones too)."""
         return [p for p in self.stores.pods.items(namespace)
                 if labels(p).get(LABEL_SERVER) == server and pod_active(p)]
+
+    def device_of(self, pool: ModelPoolSpec) -> dc.Device | None:
+        """A claim pool's device: its ResourceClaim, the device allocated to it and the
+        memory the driver publishes for that; None for a pool without a claim, or where
+        the API server serves no ResourceClaims."""
+        claims, slices = self.stores.claims, self.stores.slices
+        if pool.claim is None or claims is None or slices is None:
+            return None
+        name = dc.claim_name(pool.name)
+        device = dc.allocated(claims.get(pool.namespace, name))
+        memory = dc.device_memory(slices.items(), device) if device is not None else None
+        return dc.Device(name, device, memory)

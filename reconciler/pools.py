@@ -12,7 +12,9 @@ import functools
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from reconciler import device_claim as dc
 from reconciler import pool_status, residency_status, scheduling
 from reconciler import residency as r
 from reconciler import swap as s
@@ -23,7 +25,7 @@ from reconciler.logs import ObjectLogger
 from reconciler.objects import labels, meta, pod_active, pod_ready
 from reconciler.prewarm import Prewarm
 from reconciler.probes import Reading
-from reconciler.render import LABEL_SERVER
+from reconciler.render import LABEL_POOL, LABEL_SERVER, POOL_KINDS
 from reconciler.servers import ServerReconciler
 from reconciler.settling import WAITING_FOR_MEMBERS
 from reconciler.spec import DEFAULT_GPU_RESOURCE, ModelPoolSpec, ModelServerSpec, SpecError
@@ -81,6 +83,8 @@ class PoolReconciler:
             config = s.PoolConfig(members=())
             problem: s.Problem | None = s.Problem("InvalidSpec", str(e))
             budgeted: ModelPoolSpec | None = None
+            device: dc.Device | None = None
+            pool_budget: int | None = None
         else:
             config = s.PoolConfig(
                 members=spec.member_names,
@@ -94,7 +98,13 @@ class PoolReconciler:
                 idle_unload_after=spec.idle_unload_after_seconds,
             )
             parsed, invalid = self._parsed_members(spec)
-            problem = self._problem(spec, parsed, invalid)
+            device = ctx.lookups.device_of(spec)
+            pool_budget, budget_problem = (
+                dc.budget(spec, device, footprints(spec, parsed)) if spec.budgeted
+                else (None, None))
+            problem = self._problem(spec, parsed, invalid,
+                                    pool_budget if budget_problem is None else None
+                                    ) or budget_problem
             budgeted = spec
             if problem is not None and problem.reason == MEMBER_NOT_FOUND:
                 remaining = ctx.settling.remaining(POOL, body)
@@ -103,17 +113,17 @@ class PoolReconciler:
                     result = Result(remaining)
         now = ctx.clock()
         previous = self.states.get(state_key)
-        if budgeted is not None and budgeted.gpu_memory is not None:
+        if budgeted is not None and budgeted.budgeted:
             config = r.ResidencyConfig(
                 **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)},
-                gpu_memory=budgeted.gpu_memory,
+                gpu_memory=pool_budget or 0,
                 # 0 where none is stated: the spec's problem then says so, and the pool
                 # acts on nothing
                 footprints={m: size or 0 for m, size in footprints(budgeted, parsed).items()})
         events: list[s.Event] = [
             s.SpecObserved(config, generation, problem),
             s.RequestObserved(pool_status.request_of(status)),
-            s.MembersObserved(self._member_pods(namespace, config.members)),
+            s.MembersObserved(self._member_pods(namespace, config.members, budgeted, device)),
             *self.idle_results.pop(state_key, []),
             s.Tick(),
         ]
@@ -140,8 +150,13 @@ class PoolReconciler:
             owned = {**pool_status.pool_status(swap, status, now),
                      **dict.fromkeys(BUDGETED_ONLY)}
             wake = s.next_wakeup(swap)
+        owned["device"] = (dc.status_of(device, pool_budget) if device is not None
+                           else None)
         self.states[state_key] = state
         logger = ctx.writer.logger(body, log)
+        # The claim pool's ResourceClaim, before any member is scaled: their pods reference
+        # it (one the spec no longer asks for is pruned).
+        await self._claim(body, budgeted, logger)
         ctx.metrics.pool_seen(namespace, name, config.members)
         # Metrics first: whoever sees the new status must find them already counted.
         for action in actions:
@@ -185,6 +200,23 @@ class PoolReconciler:
         if wake is not None:
             result = result.sooner(max(0.0, wake - ctx.clock()))
         return result
+
+    async def _claim(self, body: Mapping[str, Any], spec: ModelPoolSpec | None,
+                     logger: ObjectLogger) -> None:
+        """Apply a claim pool's ResourceClaim; prune one the pool no longer claims. Nothing
+        where the API server serves no ResourceClaims (a claim pool is stalled there)."""
+        ctx = self.ctx
+        if ctx.stores.claims is None:
+            return
+        keep: set[tuple[str, str]] = set()
+        if spec is not None and spec.claim is not None:
+            claim = ctx.renderer.pool_claim(spec, owner_uid=meta(body).get("uid"))
+            await ctx.writer.apply_for(body, logger, [claim])
+            keep.add(("ResourceClaim", str(claim["metadata"]["name"])))
+        if spec is None:
+            return  # a spec that does not parse: whatever it claimed stays
+        await ctx.writer.prune(POOL_KINDS, spec.namespace, (LABEL_POOL, spec.name),
+                               meta(body).get("uid"), keep)
 
     async def _execute(self, namespace: str, pool: str, action: s.Action | r.Action,
                        logger: ObjectLogger) -> None:
@@ -307,7 +339,7 @@ class PoolReconciler:
         return parsed, invalid
 
     def _problem(self, spec: ModelPoolSpec, parsed: Mapping[str, ModelServerSpec],
-                 invalid: Sequence[str]) -> s.Problem | None:
+                 invalid: Sequence[str], budget: int | None) -> s.Problem | None:
         servers = self.ctx.stores.servers
         missing = [m for m in spec.member_names if servers.get(spec.namespace, m) is None]
         if missing:
@@ -321,9 +353,13 @@ class PoolReconciler:
             return s.Problem("MemberInTwoPools", "members of another pool: " + ", ".join(shared))
         if invalid:
             return s.Problem("InvalidMember", "; ".join(invalid))
-        return footprint_problem(spec, parsed)
+        if spec.claim is not None and self.ctx.stores.claims is None:
+            return dc.unsupported_problem(spec, self.ctx.claims_refused)
+        return footprint_problem(spec, parsed, budget)
 
-    def _member_pods(self, namespace: str, members: Sequence[str]) -> s.MemberPods:
+    def _member_pods(self, namespace: str, members: Sequence[str],
+                     spec: ModelPoolSpec | None = None,
+                     device: dc.Device | None = None) -> s.MemberPods:
         pods: dict[str, int] = {}
         scheduled: dict[str, int] = {}
         ready: dict[str, int] = {}
@@ -343,7 +379,8 @@ class PoolReconciler:
                 ready[member] = ready.get(member, 0) + 1
             refused = scheduling.refusal(pod)
             if refused is not None and member not in unschedulable:
-                unschedulable[member] = self._unschedulable(namespace, member, refused)
+                unschedulable[member] = self._unschedulable(namespace, member, refused, spec,
+                                                            device)
             stuck = scheduling.container_failure(pod)
             if stuck is not None and member not in failing:
                 failing[member] = (stuck[0], f"{member} is not starting: {stuck[1]}")
@@ -358,8 +395,20 @@ class PoolReconciler:
                             not_created=not_created,
                             failing={m: f for m, f in failing.items() if not ready.get(m)})
 
-    def _unschedulable(self, namespace: str, member: str, message: str) -> str:
-        """The scheduler's refusal, naming the pods in view that hold the GPU it lacks."""
+    def _unschedulable(self, namespace: str, member: str, message: str,
+                       spec: ModelPoolSpec | None = None,
+                       device: dc.Device | None = None) -> str:
+        """The scheduler's refusal, naming the pods in view that hold the GPU it lacks; for
+        a claim pool whose claim is not allocated, why not."""
+        if spec is not None and spec.claim is not None and device is not None and (
+                device.allocated is None):
+            stores = self.ctx.stores
+            why = dc.unallocated(spec.claim.device_class_name,
+                                 stores.device_classes.items() if stores.device_classes
+                                 else (),
+                                 stores.slices.items() if stores.slices else ())
+            return dc.explain(member, message, device.claim, spec.claim.device_class_name,
+                              why)
         try:
             resource = ModelServerSpec.from_body(
                 self.ctx.stores.servers.get(namespace, member) or {}).resources.gpu_resource

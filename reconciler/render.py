@@ -18,6 +18,8 @@ from typing import Any
 import jinja2
 import yaml
 
+from reconciler import vllm_share
+from reconciler.device_claim import POD_CLAIM, REQUEST, claim_name
 from reconciler.router_config import (
     CONFIG_KEY,
     RenderError,
@@ -42,6 +44,7 @@ __all__ = [
     "LABEL_SERVER",
     "MANAGED_BY",
     "PART_OF",
+    "POOL_KINDS",
     "ROUTER_KINDS",
     "SERVER_KINDS",
     "SLOT_GATE",
@@ -78,6 +81,8 @@ SERVER_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
+# What a pool renders and prunes: its ResourceClaim (a claim pool's).
+POOL_KINDS: tuple[tuple[str, str], ...] = (("resource.k8s.io/v1", "ResourceClaim"),)
 RECONCILER_NAME = "modelpool-reconciler"  # its pods' app.kubernetes.io/name
 DEFAULT_RECONCILER_NAMESPACE = "modelpool-system"
 ROUTER_KINDS: tuple[tuple[str, str], ...] = (
@@ -96,6 +101,7 @@ _SERVER_TEMPLATES = (
     "model-server/networkpolicy.yaml.j2",
 )
 _PREWARM_TEMPLATE = "model-server/prewarm-pod.yaml.j2"
+_CLAIM_TEMPLATE = "model-pool/resourceclaim.yaml.j2"
 LABEL_PREWARM = "modelpool.dev/prewarm-for"
 _ROUTER_TEMPLATES = (
     "router/serviceaccount.yaml.j2",
@@ -145,7 +151,9 @@ def _owner(kind: str, name: str, uid: str | None) -> dict[str, Any] | None:
     }
 
 
-def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
+def _server_resources(ms: ModelServerSpec, claimed: bool) -> dict[str, Any]:
+    """The container's resources; `claimed`: its device is its pool's ResourceClaim, so
+    it requests no GPU of a device plugin and names the claim instead."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if ms.resources.cpu is not None:
@@ -153,7 +161,7 @@ def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
     if ms.resources.memory is not None:
         requests["memory"] = ms.resources.memory
         limits["memory"] = ms.resources.memory
-    if ms.resources.gpu > 0:
+    if ms.resources.gpu > 0 and not claimed:
         # Extended resources need requests equal to limits.
         requests[ms.resources.gpu_resource] = str(ms.resources.gpu)
         limits[ms.resources.gpu_resource] = str(ms.resources.gpu)
@@ -162,6 +170,8 @@ def _server_resources(ms: ModelServerSpec) -> dict[str, Any]:
         resources["requests"] = requests
     if limits:
         resources["limits"] = limits
+    if claimed:
+        resources["claims"] = [{"name": POD_CLAIM}]
     return resources
 
 
@@ -193,7 +203,8 @@ class Renderer:
             auto_reload=False,
         )
         self._env.filters["json"] = json.dumps
-        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, _PREWARM_TEMPLATE, *_ROUTER_TEMPLATES)
+        names = (_COMMON_TEMPLATE, *_SERVER_TEMPLATES, _PREWARM_TEMPLATE, _CLAIM_TEMPLATE,
+                 *_ROUTER_TEMPLATES)
         self._templates = {name: self._env.get_template(name) for name in names}
 
     def _render(self, names: Sequence[str], context: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -221,6 +232,8 @@ class Renderer:
         pool: str | None = None,
         routers: Sequence[str] = (),
         gpu_footprint: int | None = None,
+        device_claim: str | None = None,
+        device_memory: int | None = None,
     ) -> list[dict[str, Any]]:
         """The Deployment, Service and NetworkPolicy of `ms`, at `replicas` (pool members
         start at 0; the caller decides). `pool` adds the `modelpool.dev/pool` label (not in
@@ -228,6 +241,10 @@ class Renderer:
         `gpu_footprint`, a budgeted pool's member's footprint in bytes, is given to the
         container as `MODELPOOL_GPU_FOOTPRINT` (unless its env sets it): what it charges to a
         shared device's memory ledger where one keeps it (the testbeds' fake GPUs).
+        `device_claim`, the ResourceClaim of a claim pool's member, is referenced by the pod
+        (and by the container, which then requests no GPU resource). `device_memory`, the
+        whole memory of a budgeted pool's device, gives a vLLM member its share as
+        `--gpu-memory-utilization` (footprint over it) unless its args set one.
         `routers` names the ModelRouters that front `ms`: with the reconciler's pods, the
         only ones its NetworkPolicy lets reach the serving port (none with
         `spec.allowDirectAccess`)."""
@@ -249,7 +266,12 @@ class Renderer:
             "labels": labels,
             "selector": server_selector(ms.name),
             "owner": _owner("ModelServer", ms.name, owner_uid),
-            "resources": _server_resources(ms),
+            "resources": _server_resources(ms, device_claim is not None),
+            "device_claim": device_claim,
+            "pod_claim": POD_CLAIM,
+            "share_args": list(vllm_share.utilization_args(ms.args, gpu_footprint,
+                                                           device_memory)
+                               if ms.runtime == "vllm" else ()),
             "readiness_path": readiness_path(ms),
             "routers": sorted(set(routers)),
             "slot_gate": SLOT_GATE if pool is not None else None,
@@ -289,6 +311,26 @@ class Renderer:
         }
         (pod,) = self._render((_PREWARM_TEMPLATE,), context)
         return pod
+
+    def pool_claim(self, pool: ModelPoolSpec, *, owner_uid: str | None) -> dict[str, Any]:
+        """A claim pool's ResourceClaim, which its members' pods reference by name."""
+        if pool.claim is None:
+            raise RenderError(f"ModelPool {pool.name} has no spec.device.claim")
+        context = {
+            "pool": pool,
+            "name": claim_name(pool.name),
+            "request": REQUEST,
+            "labels": {
+                "app.kubernetes.io/name": "model-pool",
+                "app.kubernetes.io/instance": pool.name,
+                "app.kubernetes.io/part-of": PART_OF,
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+                LABEL_POOL: pool.name,
+            },
+            "owner": _owner("ModelPool", pool.name, owner_uid),
+        }
+        (claim,) = self._render((_CLAIM_TEMPLATE,), context)
+        return claim
 
     def router(
         self,

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from reconciler.device_claim import claim_name
+from reconciler.footprints import footprints
 from reconciler.render import Renderer, RenderError
 from reconciler.router_config import pool_of
 from reconciler.spec import (
@@ -82,7 +84,8 @@ def render_documents(
     default_namespace: str = "default",
 ) -> list[dict[str, Any]]:
     """Everything the reconciler would apply for `docs` ((source, body) pairs) on a cold
-    start: servers (sorted by namespace and name), then routers."""
+    start: claim pools' ResourceClaims, servers (sorted by namespace and name), then
+    routers."""
     servers: dict[tuple[str, str], tuple[ModelServerSpec, str | None]] = {}
     pools: list[ModelPoolSpec] = []
     routers: list[tuple[ModelRouterSpec, str | None]] = []
@@ -105,9 +108,13 @@ def render_documents(
         except SpecError as e:
             name = meta.get("name") if isinstance(meta, dict) else None
             raise SpecError(f"{source}: {kind} {name}: {e}") from e
-    out: list[dict[str, Any]] = []
+    # a claim pool's ResourceClaim first: its members' pods reference it
+    out: list[dict[str, Any]] = [
+        renderer.pool_claim(p, owner_uid=p.uid)
+        for p in sorted(pools, key=lambda p: (p.namespace, p.name)) if p.claim is not None]
     for (namespace, name), (ms, uid) in sorted(servers.items()):
         pool = pool_of(name, [p for p in pools if p.namespace == namespace])
+        budgeted = pool is not None and pool.budgeted
         out += renderer.model_server(
             ms,
             replicas=cold_start_replicas(ms, pool),
@@ -115,6 +122,11 @@ def render_documents(
             pool=pool.name if pool else None,
             routers=[r.name for r, _ in routers
                      if r.namespace == namespace and name in r.model_server_refs],
+            # a budgeted pool's member as before its claim is allocated: the device's
+            # memory is what the spec states
+            gpu_footprint=footprints(pool, {name: ms})[name] if pool and budgeted else None,
+            device_claim=claim_name(pool.name) if pool and pool.claim else None,
+            device_memory=pool.gpu_memory if pool and budgeted else None,
         )
     for router, uid in sorted(routers, key=lambda r: (r[0].namespace, r[0].name)):
         out += renderer.router(

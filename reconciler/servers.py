@@ -7,8 +7,10 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from reconciler import device_claim as dc
 from reconciler.context import Context
 from reconciler.footprints import footprints
 from reconciler.objects import labels, meta
@@ -26,6 +28,16 @@ RENDER_CACHE_SIZE = 1024
 # The replicas a pool wants of each of its members, by (namespace, pool); None while
 # that cannot be known (a pool with a problem, not yet stepped).
 WantedReplicas = Callable[[str, str], Mapping[str, int] | None]
+
+
+@dataclass(frozen=True)
+class MemberDevice:
+    """A budgeted pool's member's footprint, its pool's ResourceClaim and the device's whole
+    memory, in bytes (all None outside a budgeted pool, or where not known)."""
+
+    footprint: int | None = None
+    claim: str | None = None
+    memory: int | None = None
 
 
 class ServerReconciler:
@@ -99,18 +111,23 @@ class ServerReconciler:
             return wanted[spec.name], Result()
         return live_replicas, Result()
 
-    def _footprint(self, spec: ModelServerSpec, pool: str | None) -> int | None:
-        """The member's footprint when its pool has a memory budget, else None."""
+    def _device(self, spec: ModelServerSpec, pool: str | None) -> MemberDevice:
+        """What a member of a budgeted pool is rendered with: its footprint, the pool's
+        ResourceClaim (a claim pool's, where the API server serves them) and the whole
+        memory of the device (a vLLM member's share is a fraction of it)."""
         if pool is None:
-            return None
+            return MemberDevice()
         try:
             pool_spec = ModelPoolSpec.from_body(self.ctx.stores.pools.get(spec.namespace, pool)
                                                 or {})
         except SpecError:
-            return None
-        if pool_spec.gpu_memory is None:
-            return None
-        return footprints(pool_spec, {spec.name: spec}).get(spec.name)
+            return MemberDevice()
+        if not pool_spec.budgeted:
+            return MemberDevice()
+        device = self.ctx.lookups.device_of(pool_spec)
+        return MemberDevice(footprints(pool_spec, {spec.name: spec}).get(spec.name),
+                            device.claim if device is not None else None,
+                            dc.share_memory(pool_spec, device))
 
     def _render(self, spec: ModelServerSpec, replicas: int, owner_uid: str | None,
                 pool: str | None) -> list[dict[str, Any]]:
@@ -118,14 +135,15 @@ class ServerReconciler:
         pod event reconciles its server, and a swap's scale-up should not wait for the
         templates to be rendered again to the same output."""
         routers = tuple(sorted(self.ctx.lookups.routers_of(spec.namespace, [spec.name])))
-        footprint = self._footprint(spec, pool)
+        device = self._device(spec, pool)
         key = (spec.namespace, spec.name, spec.uid, spec.generation, replicas, owner_uid, pool,
-               routers, footprint)
+               routers, device)
         objects = self._rendered.get(key)
         if objects is None:
             objects = self.ctx.renderer.model_server(
                 spec, replicas=replicas, owner_uid=owner_uid, pool=pool, routers=routers,
-                gpu_footprint=footprint)
+                gpu_footprint=device.footprint, device_claim=device.claim,
+                device_memory=device.memory)
             if len(self._rendered) >= RENDER_CACHE_SIZE:
                 self._rendered.clear()
             self._rendered[key] = objects

@@ -29,6 +29,8 @@ ROUTE_STRATEGIES = ("BackendNameMatch", "Static")
 
 DEFAULT_PORT = 8080
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+# The DeviceClass of a pool's ResourceClaim unless it names another: NVIDIA's DRA driver's.
+DEFAULT_DEVICE_CLASS = "gpu.nvidia.com"
 DEFAULT_MOUNT_PATH = "/models"
 DEFAULT_SWAP_BUDGET = "300s"
 # The product's one image, holding both programs, as the base installs it (manifests/): the
@@ -411,6 +413,13 @@ class PoolMember:
 
 
 @dataclass(frozen=True)
+class DeviceClaim:
+    """A budgeted pool's device, shared through one ResourceClaim the pool owns."""
+
+    device_class_name: str = DEFAULT_DEVICE_CLASS
+
+
+@dataclass(frozen=True)
 class ModelPoolSpec:
     namespace: str
     name: str
@@ -425,12 +434,22 @@ class ModelPoolSpec:
     reclaim_after_seconds: float | None = None
     idle_unload_after_seconds: float | None = None
     prewarm: bool = True
-    # The memory of the pool's device its members may use, in bytes; None: an exclusive pool.
+    # The memory of the pool's device its members may use, in bytes; None: an exclusive
+    # pool, or a claim pool whose budget is its device's memory.
     gpu_memory: int | None = None
+    # spec.device.claim: the members share one device through the pool's ResourceClaim;
+    # None: through the GPU resource of a device plugin (exclusive, or shares of one).
+    claim: DeviceClaim | None = None
 
     @property
     def member_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.members)
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether the pool counts its members by memory: a budget stated, or a device
+        claimed (whose memory is the budget where none is stated)."""
+        return self.gpu_memory is not None or self.claim is not None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ModelPoolSpec:
@@ -479,7 +498,20 @@ class ModelPoolSpec:
             idle_unload_after_seconds=_duration(spec, "idleUnloadAfter", where, None),
             prewarm=_typed(spec.get("prewarm", True), bool, "spec.prewarm", "a boolean"),
             gpu_memory=gpu_memory,
+            claim=_device_claim(spec),
         )
+
+
+def _device_claim(spec: Mapping[str, Any]) -> DeviceClaim | None:
+    """spec.device.claim, with its default device class; None without one."""
+    device = _obj(spec, "device", "spec")
+    if device.get("claim") is None:
+        return None
+    claim = _obj(device, "claim", "spec.device")
+    name = _str(claim, "deviceClassName", "spec.device.claim", DEFAULT_DEVICE_CLASS)
+    if not name:
+        raise SpecError("spec.device.claim.deviceClassName must not be empty")
+    return DeviceClaim(name)
 
 
 @dataclass(frozen=True)

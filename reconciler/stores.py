@@ -51,12 +51,18 @@ class Stores:
     role_bindings: k.Informer
     network_policies: k.Informer
     pods: k.Informer
+    # Dynamic Resource Allocation's, where the API server serves it (else None): the claim
+    # pools' ResourceClaims, and the ResourceSlices and DeviceClasses of the cluster.
+    claims: k.Informer | None = None
+    slices: k.Informer | None = None
+    device_classes: k.Informer | None = None
 
     def all(self) -> list[k.Informer]:
         return [
             self.servers, self.pools, self.routers, self.deployments, self.services,
             self.config_maps, self.service_accounts, self.roles, self.role_bindings,
             self.network_policies, self.pods,
+            *(i for i in (self.claims, self.slices, self.device_classes) if i is not None),
         ]
 
     def of_kind(self, api_version: str, kind: str) -> k.Informer | None:
@@ -66,7 +72,10 @@ class Stores:
 
     @functools.cached_property
     def _rendered(self) -> dict[tuple[str, str], k.Informer]:
+        claims = {} if self.claims is None else {
+            (k.RESOURCE_CLAIMS.api_version, "ResourceClaim"): self.claims}
         return {
+            **claims,
             ("apps/v1", "Deployment"): self.deployments,
             ("v1", "Service"): self.services,
             ("v1", "ConfigMap"): self.config_maps,

@@ -111,6 +111,19 @@ INVALID: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         _obj("ModelPool", "p", {"members": [{"name": "a"}, {"name": "B"}]}),
         ("spec.members[1].name", "should match"),
     ),
+    # ModelPool: the device shared through a ResourceClaim
+    (
+        "pool-device-class-not-a-subdomain",
+        _obj("ModelPool", "p", {"members": _MEMBERS,
+                                "device": {"claim": {"deviceClassName": "GPU_nvidia"}}}),
+        ("spec.device.claim.deviceClassName", "should match"),
+    ),
+    (
+        "pool-device-class-empty",
+        _obj("ModelPool", "p", {"members": _MEMBERS,
+                                "device": {"claim": {"deviceClassName": ""}}}),
+        ("spec.device.claim.deviceClassName", "at least 1 chars long"),
+    ),
     # ModelPool: the GPU memory budget and its members' footprints
     (
         "pool-gpu-memory-negative",
@@ -713,6 +726,25 @@ def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     for subject in obj.get("subjects", []):
         subject["namespace"] = namespace
     return obj
+
+
+def test_a_claim_pool_gets_the_default_class_which_cannot_change(
+    crds: None, kubectl: Kubectl, namespace: str
+) -> None:
+    body = _obj("ModelPool", "claimed", {"members": [{"name": "a", "gpuMemory": "8Gi"}],
+                                         "device": {"claim": {}}})
+    kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(body))
+    pool = ModelPoolSpec.from_body(kubectl.json("get", "modelpool", "claimed", "-n",
+                                                namespace))
+    assert pool.claim is not None and pool.claim.device_class_name == "gpu.nvidia.com"
+    assert pool.budgeted and pool.gpu_memory is None
+    patch = json.dumps({"spec": {"device": {"claim": {"deviceClassName": "gpu.amd.com"}}}})
+    result = kubectl("patch", "modelpool", "claimed", "-n", namespace, "--type=merge",
+                     "-p", patch, check=False)
+    assert result.returncode != 0 and "is immutable" in result.stderr, result.stderr
+    # removing the claim is a change of its own (the pool then shares by device plugin)
+    kubectl("patch", "modelpool", "claimed", "-n", namespace, "--type=json",
+            "-p", json.dumps([{"op": "remove", "path": "/spec/device/claim"}]))
 
 
 def test_rendered_objects_are_accepted(crds: None, kubectl: Kubectl, namespace: str) -> None:

@@ -117,3 +117,28 @@ def test_a_router_without_its_servers_says_which(capsys: pytest.CaptureFixture[s
 def test_a_missing_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run([str(tmp_path / "nope.yaml")], capsys)
     assert code == 1 and "nope.yaml" in err
+
+
+@pytest.mark.unit
+def test_a_claim_pool_renders_its_claim_first_and_its_members_reference_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    member = {"runtime": "vllm", "image": "i", "model": "/m", "resources": {"gpu": 1}}
+    docs = [
+        {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelPool",
+         "metadata": {"name": "gpu0", "namespace": "ns1"},
+         "spec": {"members": [{"name": "qwen", "gpuMemory": "12Gi"}], "default": "qwen",
+                  "gpuMemory": "48Gi", "device": {"claim": {}}}},
+        {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelServer",
+         "metadata": {"name": "qwen", "namespace": "ns1"}, "spec": member},
+    ]
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    code, objects, _ = _run([str(path)], capsys)
+    assert code == 0
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects][:2] == [
+        ("ResourceClaim", "gpu0-gpu"), ("Deployment", "qwen")]
+    pod = objects[1]["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimName": "gpu0-gpu"}]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.2500"
