@@ -5,8 +5,11 @@
 # (build-images.sh with MODELPOOL_KIND_CONTAINERD, default v2.3.4: Debian's containerd 1.6
 # has no CDI), flannel, the fake model server's image (and the real llama-server's, where
 # build-and-load.sh built it) side-loaded, and the driver's DaemonSet and DeviceClass
-# (fake-gpu-dra.yaml), waited for until the node's ResourceSlice is published. Its pod and Service ranges differ from the main cluster's, and it adds no
-# routes on this machine: its tests reach pods through kubectl. Idempotent.
+# (fake-gpu-dra.yaml), waited for until the node's ResourceSlice is published; then
+# modelpool itself from overlays/kind, on the project's images (build-and-load.sh), so a
+# pool can share a device through a claim. Its pod and Service ranges differ from the main
+# cluster's, so the routes it adds on this machine (as root: tests reach pods by address)
+# do not cross the main cluster's. Idempotent.
 # Prints each stage's time, and the kubeconfig path as its last line.
 #
 #   MODELPOOL_KIND_KUBECONFIG=$(e2e/kind/up-dra.sh | tail -n 1) MODELPOOL_KIND_DRA=1 \
@@ -27,8 +30,6 @@ export MODELPOOL_KIND_CONTAINERD="${MODELPOOL_KIND_CONTAINERD:-v2.3.4}"
 POD_SUBNET=10.246.0.0/16
 SERVICE_SUBNET=10.95.0.0/16
 DRIVER_IMAGE=modelpool/fake-gpu-dra:e2e
-FAKE_MODEL_IMAGE=modelpool/fake-model:e2e
-LLAMA_IMAGE=modelpool/llama-server:e2e
 
 log() { printf '[kind-dra %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 stage_start=$SECONDS
@@ -105,11 +106,9 @@ if ! docker image inspect "${DRIVER_IMAGE%:*}:$key" >/dev/null 2>&1; then
   rm -rf "$dir"
 fi
 docker tag "${DRIVER_IMAGE%:*}:$key" "$DRIVER_IMAGE"
-images=("$DRIVER_IMAGE" "$FAKE_MODEL_IMAGE")
-# the real llama-server, where build-and-load.sh has built it (its test needs it)
-docker image inspect "$LLAMA_IMAGE" >/dev/null 2>&1 && images+=("$LLAMA_IMAGE")
-kind_ load docker-image --name "$cluster" "${images[@]}" >/dev/null
-stage "images loaded (${images[*]})"
+kind_ load docker-image --name "$cluster" "$DRIVER_IMAGE" >/dev/null
+bash "$here/build-and-load.sh" "$cluster"
+stage "images loaded ($DRIVER_IMAGE, the project's)"
 
 kubectl_ apply -f "$here/fake-gpu-dra.yaml" >/dev/null
 KUBECONFIG="$kubeconfig" bash "$here/roll-to-image.sh" daemonset/modelpool-fake-gpu-dra kube-system "$DRIVER_IMAGE"
@@ -122,5 +121,21 @@ for _ in $(seq 1 120); do
 done
 [[ $published -ge 1 ]] || { log "the DRA driver published no ResourceSlice"; exit 1; }
 stage "DRA driver publishing"
+
+node="$cluster-control-plane"
+address="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$node")"
+cidr="$(kubectl_ get node "$node" -o jsonpath='{.spec.podCIDR}')"
+if [[ $(id -u) -eq 0 ]]; then
+  ip route replace "$cidr" via "$address"
+else
+  log "as root, this would add: ip route replace $cidr via $address (tests reach pods by address)"
+fi
+kubectl_ apply --server-side --force-conflicts -k "$root/overlays/kind" >/dev/null
+KUBECONFIG="$kubeconfig" bash "$here/../crds-established.sh" \
+  modelservers.modelpool.dev modelpools.modelpool.dev modelrouters.modelpool.dev
+KUBECONFIG="$kubeconfig" bash "$here/roll-to-image.sh" deployment/modelpool-reconciler \
+  modelpool-system modelpool/reconciler:0.1.0
+kubectl_ -n modelpool-system rollout status deployment/modelpool-reconciler --timeout=180s >/dev/null
+stage "modelpool installed from overlays/kind, a route to the node's pods"
 
 echo "$kubeconfig"

@@ -17,12 +17,14 @@ import pytest
 from e2e import testbeds
 from e2e.local import fixtures as local
 
+DRA_ONLY = ("test_dra_driver.py", "test_claim_pool_dra.py")
+
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The DRA driver's tests need their own cluster (e2e/kind/up-dra.sh): without
-    `MODELPOOL_KIND_DRA=1` they are not collected at all, so no run counts them."""
-    if collection_path.name == "test_dra_driver.py" and os.environ.get(
-            "MODELPOOL_KIND_DRA") != "1":
+    """The DRA driver's tests and a claim pool's need their own cluster
+    (e2e/kind/up-dra.sh): without `MODELPOOL_KIND_DRA=1` they are not collected at all, so
+    no run counts them."""
+    if collection_path.name in DRA_ONLY and os.environ.get("MODELPOOL_KIND_DRA") != "1":
         return True
     return None
 
