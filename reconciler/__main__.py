@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from reconciler.controller import Controller
 from reconciler.kube import Kube
+from reconciler.kv_slots_io import SlotFiles
 from reconciler.leader import LeaderElector
 from reconciler.logs import setup_logging
 from reconciler.metrics import ReconcilerMetrics
@@ -113,7 +114,9 @@ async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
         controller = Controller(kube, settings, metrics,
                                 Renderer(reconciler_namespace=settings.leader.namespace,
                                          router_image=settings.router_image),
-                                probe, ready=synced)
+                                probe, ready=synced,
+                                slot_files=SlotFiles(session,
+                                                     settings.swap.probe_timeout_seconds))
 
         async def lead() -> None:
             if elector is not None:

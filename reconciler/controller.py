@@ -23,6 +23,7 @@ from typing import Any
 
 from reconciler import kube as k
 from reconciler.context import Context
+from reconciler.kv_slots_io import SlotFiles
 from reconciler.lookups import Lookups
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.objects import labels, meta
@@ -52,6 +53,7 @@ class Controller:
         probe: IdleProbe,
         clock: Callable[[], float] = time.time,
         ready: asyncio.Event | None = None,
+        slot_files: SlotFiles | None = None,
     ) -> None:
         """`ready` is set once the caches are synced (the health server's /readyz reads
         it, and may be serving before this controller exists)."""
@@ -88,6 +90,7 @@ class Controller:
             writer=Writer(kube, metrics, stores, clock, settings.leader.identity,
                           settings.create_retry_seconds),
             settling=Settling(clock, settings.swap.standalone_settle_seconds),
+            slot_files=slot_files,
         )
         self.pool_reconciler: PoolReconciler
         self.server_reconciler = ServerReconciler(

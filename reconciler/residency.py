@@ -918,7 +918,7 @@ def _load(state: ResidencyState, load: Load, now: float) -> tuple[ResidencyState
     assert load.scheduled_at is not None  # set above at the latest: a Ready pod was placed
     load = replace(load, durations=(*load.durations, ("load", now - load.scheduled_at)))
     config = state.config
-    if member in config.kv_caps and member in config.kv_saved:
+    if config.restores(member):
         restores, restoring = kv_phases.begin(state.restores, [member], config.kv_caps, now,
                                          None, restore=True)
         load = replace(load, phase=Phase.RESTORING, phase_started=now)

@@ -142,6 +142,11 @@ class PoolConfig:
     def outranks(self, member: str, other: str) -> bool:
         return self.priorities.get(member, 0) > self.priorities.get(other, 0)
 
+    def restores(self, member: str) -> bool:
+        """Whether a load of `member` goes through Restoring: it keeps its KV cache and
+        has saved slots."""
+        return member in self.kv_caps and member in self.kv_saved
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -867,7 +872,7 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
     assert swap.scheduled_at is not None  # set above at the latest: a Ready pod was placed
     swap = replace(swap, durations=(*swap.durations, ("load", now - swap.scheduled_at)))
     config = state.config
-    if swap.to in config.kv_caps and swap.to in config.kv_saved:
+    if config.restores(swap.to):
         restores, restoring = kv_phases.begin(state.restores, [swap.to], config.kv_caps, now,
                                          None, restore=True)
         swap = replace(swap, phase=Phase.RESTORING, phase_started=now)

@@ -27,7 +27,7 @@ LAYERS = (
     {"__main__"},
     {"controller"},
     {"pools"},
-    {"servers", "routers", "prewarm"},
+    {"servers", "routers", "prewarm", "slot_saves"},
     {"context"},
     {"writes", "lookups"},
     {"settling"},
