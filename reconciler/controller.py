@@ -35,7 +35,7 @@ from reconciler.routers import RouterReconciler
 from reconciler.servers import ServerReconciler
 from reconciler.settings import Settings
 from reconciler.settling import Settling
-from reconciler.spec import SpecError
+from reconciler.spec import KV_CLAIM_SUFFIX, SpecError
 from reconciler.stores import MANAGED, POOL, ROUTER, SERVER, Key, Result, Stores
 from reconciler.workqueue import QueueShutDown, WorkQueue
 from reconciler.writes import Writer
@@ -80,6 +80,7 @@ class Controller:
             network_policies=k.Informer(kube, k.NETWORK_POLICIES, ns, self._on_owned,
                                         MANAGED),
             pods=k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER),
+            claims=k.Informer(kube, k.CLAIMS, ns, self._on_claim),
         )
         self.pods = stores.pods
         self.informers = stores.all()
@@ -181,6 +182,15 @@ class Controller:
             self._add(SERVER, ns, found[LABEL_SERVER])
         if found.get(LABEL_ROUTER):
             self._add(ROUTER, ns, found[LABEL_ROUTER])
+
+    def _on_claim(self, type_: str, obj: dict[str, Any]) -> None:
+        """A claim came or went: the servers that save their slots on it look again."""
+        ns, name = k.key_of(obj)
+        for server in self.servers.items(ns):
+            kv = (server.get("spec") or {}).get("kvCache") or {}
+            own = meta(server).get("name", "") + KV_CLAIM_SUFFIX
+            if kv.get("pvc") == name or (kv.get("storageClassName") and own == name):
+                self._add(SERVER, ns, str(meta(server).get("name")))
 
     def _on_deployment(self, type_: str, obj: dict[str, Any]) -> None:
         # A member's ReplicaFailure condition tells its pool why the member has no pod.

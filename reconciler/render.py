@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from reconciler.quantity import format_bytes
 from reconciler.router_config import (
     CONFIG_KEY,
     RenderError,
@@ -77,6 +78,7 @@ SERVER_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("v1", "PersistentVolumeClaim"),
 )
 RECONCILER_NAME = "modelpool-reconciler"  # its pods' app.kubernetes.io/name
 DEFAULT_RECONCILER_NAMESPACE = "modelpool-system"
@@ -94,6 +96,7 @@ _SERVER_TEMPLATES = (
     "model-server/deployment.yaml.j2",
     "model-server/service.yaml.j2",
     "model-server/networkpolicy.yaml.j2",
+    "model-server/kv-cache-claim.yaml.j2",
 )
 _PREWARM_TEMPLATE = "model-server/prewarm-pod.yaml.j2"
 LABEL_PREWARM = "modelpool.dev/prewarm-for"
@@ -255,6 +258,8 @@ class Renderer:
             "slot_gate": SLOT_GATE if pool is not None else None,
             "gpu_footprint": gpu_footprint,
             "kv_mount": KV_CACHE_MOUNT_PATH,
+            "kv_claim_name": _kv_claim_name(ms),
+            "kv_claim": _kv_claim(ms),
             "label_router": LABEL_ROUTER,
             "reconciler_namespace": self.reconciler_namespace,
             "reconciler_name": RECONCILER_NAME,
@@ -330,3 +335,21 @@ class Renderer:
             "owner": _owner("ModelRouter", router.name, owner_uid),
         }
         return self._render(_ROUTER_TEMPLATES, context)
+
+
+def _kv_claim_name(ms: ModelServerSpec) -> str | None:
+    """The claim a persisted llama.cpp member's slots are saved to (None: no persist)."""
+    kv = ms.kv_cache
+    if kv is None or not kv.persist or ms.runtime != "llamacpp":
+        return None
+    return kv.claim(ms.name)
+
+
+def _kv_claim(ms: ModelServerSpec) -> dict[str, str] | None:
+    """The claim the reconciler creates for it, when it names a storage class."""
+    kv = ms.kv_cache
+    name = _kv_claim_name(ms)
+    if kv is None or name is None or kv.storage_class is None:
+        return None
+    return {"name": name, "storage_class": kv.storage_class,
+            "size": format_bytes(kv.storage_size)}

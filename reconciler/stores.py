@@ -51,12 +51,15 @@ class Stores:
     role_bindings: k.Informer
     network_policies: k.Informer
     pods: k.Informer
+    # Every claim of the namespace: those the reconciler creates for a member's saved
+    # slots, and those a member names (it is Stalled while its claim does not exist).
+    claims: k.Informer
 
     def all(self) -> list[k.Informer]:
         return [
             self.servers, self.pools, self.routers, self.deployments, self.services,
             self.config_maps, self.service_accounts, self.roles, self.role_bindings,
-            self.network_policies, self.pods,
+            self.network_policies, self.pods, self.claims,
         ]
 
     def of_kind(self, api_version: str, kind: str) -> k.Informer | None:
@@ -74,4 +77,5 @@ class Stores:
             (k.ROLES.api_version, "Role"): self.roles,
             (k.ROLE_BINDINGS.api_version, "RoleBinding"): self.role_bindings,
             (k.NETWORK_POLICIES.api_version, "NetworkPolicy"): self.network_policies,
+            (k.CLAIMS.api_version, "PersistentVolumeClaim"): self.claims,
         }
