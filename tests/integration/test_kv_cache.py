@@ -17,11 +17,15 @@ import aiohttp
 import pytest
 
 from e2e import harness
+from e2e.fake_model.app import CONTEXT_SIZE
+from reconciler import kv_slots_io
 from tests.integration import test_reconciler as base
 from tests.integration.test_reconciler import (
     Json,
     Running,
     apply,
+    condition_when,
+    event_seen,
     eventually,
     pool,
     ready_with,
@@ -167,3 +171,77 @@ async def test_a_manifest_made_for_another_context_size_is_not_restored(
     events = kubectl.json("get", "events", "-n", namespace)["items"]
     discarded = [e["message"] for e in events if e.get("reason") == "KvCacheDiscarded"]
     assert discarded and "another n_ctx" in discarded[0], discarded
+
+
+async def test_a_save_that_fails_is_told_and_the_swap_goes_on(
+    running: Running, kubectl: Any, namespace: str, kv_claim: Path
+) -> None:
+    apply(kubectl, namespace, persisted("a"), server("b"), pool(["a", "b"]),
+          router(["a", "b"]))
+    await ready_with(running, "a")
+    # as a full disk would: every slot file of a's cannot be written (a directory has
+    # its name)
+    uid = (await running.get("modelservers", "a"))["metadata"]["uid"]
+    identity = kv_slots_io.identity_of(
+        kv_slots_io.IdentityArgs("/models/a.gguf", ("--mode", "llamacpp")), CONTEXT_SIZE)
+    for slot in range(8):
+        (kv_claim / kv_slots_io.slot_file("a", uid, identity, slot)).mkdir()
+    _, follow = await swap_away_and_back(running, kubectl, namespace)
+    assert follow["timings"]["cache_n"] == 0
+    await event_seen(kubectl, namespace, "a", "KvSaveFailed")
+    assert running.sample("modelpool_kv_slots_total", member="a", kind="save",
+                          outcome="failed") >= 1
+    member = await running.get("modelservers", "a")
+    assert "kvCache" not in (member.get("status") or {})  # no manifest names a failed save
+
+
+async def test_a_member_whose_claim_does_not_exist_is_stalled_until_it_does(
+    running: Running, kubectl: Any, namespace: str
+) -> None:
+    body = persisted("a", claim="nowhere")
+    body["spec"]["replicas"] = 0
+    apply(kubectl, namespace, body)
+    stalled = await condition_when(
+        running, "modelservers", "a", "Stalled", lambda c: c["status"] == "True",
+        "a Stalled for its claim")
+    assert stalled["reason"] == "KvCacheClaimNotFound"
+    assert "nowhere" in stalled["message"]
+    assert kubectl.json("get", "deployments", "-n", namespace)["items"] == []
+    apply(kubectl, namespace, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                               "metadata": {"name": "nowhere"},
+                               "spec": {"accessModes": ["ReadWriteOnce"],
+                                        "resources": {"requests": {"storage": "1Gi"}}}})
+    await condition_when(running, "modelservers", "a", "Stalled",
+                         lambda c: c["status"] == "False", "a no longer Stalled")
+
+
+async def test_a_storage_class_gets_a_claim_that_goes_with_its_server(
+    running: Running, kubectl: Any, namespace: str
+) -> None:
+    body = server("a")
+    body["spec"]["replicas"] = 0
+    body["spec"]["kvCache"] = {"persist": True, "storageClassName": "standard",
+                               "storageSize": "2Gi"}
+    apply(kubectl, namespace, body)
+
+    async def created() -> Json | None:
+        found = kubectl.json("get", "persistentvolumeclaims", "-n", namespace)["items"]
+        return found[0] if found else None
+
+    made = await eventually(created, "the claim of a's saved slots", 30)
+    uid = (await running.get("modelservers", "a"))["metadata"]["uid"]
+    assert made["metadata"]["name"] == "a-kv-cache"
+    assert [o["uid"] for o in made["metadata"]["ownerReferences"]] == [uid]
+    assert made["spec"]["storageClassName"] == "standard"
+    assert made["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    deployment = kubectl.json("get", "deployment", "a", "-n", namespace)
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "kv-cache", "persistentVolumeClaim": {"claimName": "a-kv-cache"}} in volumes
+    kubectl("delete", "modelserver", "a", "-n", namespace)
+
+    async def collected() -> bool | None:
+        found = kubectl.json("get", "persistentvolumeclaims", "-n", namespace)["items"]
+        return True if not found or all(
+            c["metadata"].get("deletionTimestamp") for c in found) else None
+
+    await eventually(collected, "the claim collected with its server", 60)
