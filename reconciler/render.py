@@ -260,11 +260,25 @@ class Renderer:
             "kv_mount": KV_CACHE_MOUNT_PATH,
             "kv_claim_name": _kv_claim_name(ms),
             "kv_claim": _kv_claim(ms),
+            "kv_clean": self._kv_clean(ms, owner_uid),
             "label_router": LABEL_ROUTER,
             "reconciler_namespace": self.reconciler_namespace,
             "reconciler_name": RECONCILER_NAME,
         }
         return self._render(_SERVER_TEMPLATES, context)
+
+    def _kv_clean(self, ms: ModelServerSpec, owner_uid: str | None) -> dict[str, Any] | None:
+        """The init container that removes a persisted member's stale slot files (the
+        product's image, `modelpool-kv-clean`); None without persist or a UID."""
+        kv = ms.kv_cache
+        uid = ms.uid or owner_uid
+        if kv is None or _kv_claim_name(ms) is None or not uid:
+            return None
+        args = ["--dir", KV_CACHE_MOUNT_PATH, "--member", ms.name, "--uid", uid,
+                "--max-age", f"{kv.max_age:g}"]
+        if kv.max_bytes is not None:
+            args += ["--max-size", str(kv.max_bytes)]
+        return {"image": self.router_image, "args": args}
 
     def prewarm_pod(self, ms: ModelServerSpec, *, pool: str, pool_uid: str | None, node: str,
                     deadline: float) -> dict[str, Any] | None:

@@ -107,9 +107,14 @@ async def swap_away_and_back(running: Running, kubectl: Any, namespace: str
 async def test_a_persisted_members_slot_comes_back_after_a_swap_away_and_back(
     running: Running, kubectl: Any, namespace: str, kv_claim: Path
 ) -> None:
+    # left by an earlier member named a: removed before a's process starts
+    (kv_claim / "a-99999999-deadbeef-slot0.bin").write_bytes(b"old")
+    (kv_claim / "other-99999999-deadbeef-slot0.bin").write_bytes(b"not a's")
     apply(kubectl, namespace, persisted("a"), server("b"), pool(["a", "b"]),
           router(["a", "b"]))
     await ready_with(running, "a")
+    left = await asyncio.to_thread(lambda: sorted(p.name for p in kv_claim.iterdir()))
+    assert left == ["other-99999999-deadbeef-slot0.bin"]
     first, follow = await swap_away_and_back(running, kubectl, namespace)
     context = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
     assert follow["timings"]["cache_n"] >= context, follow["timings"]

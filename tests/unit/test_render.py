@@ -240,6 +240,15 @@ def test_a_storage_class_gets_a_claim_owned_by_the_server_and_named_for_it() -> 
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     assert {"name": "kv-cache", "persistentVolumeClaim": {"claimName": "gemma-kv-cache"}} in pod[
         "volumes"]
+    # its stale files removed before llama-server starts, by the product's image
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["modelpool-kv-clean"]
+    assert init["image"] == RENDERER.router_image
+    assert init["args"] == ["--dir", "/var/lib/modelpool/kv-cache", "--member", "gemma",
+                            "--uid", ms.uid, "--max-age", "86400"]
+    assert init["volumeMounts"] == [{"name": "kv-cache",
+                                     "mountPath": "/var/lib/modelpool/kv-cache"}]
+    assert init["securityContext"]["runAsNonRoot"] is True
     # a claim of the user's is never rendered
     named = replace(GEMMA, kv_cache=KvCache(persist=True, pvc="gemma-kv"))
     assert _by_kind(RENDERER.model_server(named, replicas=1, owner_uid="u-1"),
