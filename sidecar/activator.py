@@ -332,13 +332,15 @@ def probe_wanted(state: PoolState) -> str | None:
                 x.to_member
                 for x in status.loads
                 if x.phase == "Loading"
+                and not x.restores
                 and x.to_member in state.limits.members
                 and x.to_member not in state.ready
                 and state.queues.get(x.to_member)
             ),
             None,
         )
-    if status is None or status.swap is None or status.swap.phase != "Loading":
+    if (status is None or status.swap is None or status.swap.phase != "Loading"
+            or status.swap.restores):
         return None
     member = status.swap.to_member
     if (
