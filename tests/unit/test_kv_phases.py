@@ -334,3 +334,13 @@ def test_a_budgeted_restore_is_bounded_by_its_cap_not_by_the_budget() -> None:
     assert kinds(actions, Scale) == []
     state, actions = r.step(state, Tick(), 104.0)
     assert warnings(actions) == [KV_RESTORE_ABANDONED] and "d" in state.residents
+
+
+def test_a_reclaim_saves_the_member_it_hands_the_slot_back_from() -> None:
+    config = replace(CONFIG, policy="reclaim", reclaim_after=10.0, kv_caps={"b": 5.0})
+    state = PoolState(config=config, resident="b", resident_since=0.0, observed=pods(b=1))
+    state, actions = run(state, [(10.0, Tick()), (11.0, IdleResult("b", Verdict.IDLE))])
+    assert state.swap is not None and state.swap.reclaim
+    assert state.swap.phase is Phase.SAVING and state.swap.to == "a"
+    assert kinds(actions, SaveSlots) == [SaveSlots("b", 16.0)]
+    assert s.visible_swap(state) is not None  # found idle: a swap from here on
