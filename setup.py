@@ -22,6 +22,8 @@ TEMPLATES_PACKAGE = "templates"
 PRODUCT_SCRIPTS = [
     "modelpool-reconciler = reconciler.__main__:main",
     "modelpool-router = sidecar.__main__:main",
+    # the init container of a persisted llama.cpp member (spec.kvCache)
+    "modelpool-kv-clean = reconciler.kv_clean:main",
 ]
 
 TESTBED_PACKAGES = ["e2e"]

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from reconciler import device_claim
 from reconciler.controller import Controller
 from reconciler.kube import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, Kube
+from reconciler.kv_slots_io import SlotFiles
 from reconciler.leader import LeaderElector
 from reconciler.logs import setup_logging
 from reconciler.metrics import ReconcilerMetrics
@@ -129,7 +130,9 @@ async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
                                          router_image=settings.router_image),
                                 probe, ready=synced,
                                 claims_served=claims_served and claims_refused is None,
-                                claims_refused=claims_refused)
+                                claims_refused=claims_refused,
+                                slot_files=SlotFiles(session,
+                                                     settings.swap.probe_timeout_seconds))
 
         async def lead() -> None:
             if elector is not None:

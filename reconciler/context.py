@@ -1,7 +1,7 @@
 """What the three reconcilers (servers, pools, routers) share: the API server and the
 writer in front of it, the watch caches and the lookups across them, the work queue for
 the other keys a reconcile wakes, the clock, and the tasks run beside the reconciles
-(idle probes, Events)."""
+(idle probes, slot saves, Events)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler import kube as k
+from reconciler.kv_slots_io import SlotFiles
 from reconciler.lookups import Lookups
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.probes import IdleProbe
@@ -78,6 +79,8 @@ class Context:
     # Why claim pools cannot be served though the API server serves ResourceClaims: this
     # reconciler may not read them (RBAC), in the API server's words.
     claims_refused: str | None = None
+    # Saves and restores of members' slots (spec.kvCache); None: none is made.
+    slot_files: SlotFiles | None = None
 
     def add(self, kind: str, namespace: str, name: str) -> None:
         """Queue another key (one this reconcile's outcome concerns)."""

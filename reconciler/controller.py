@@ -23,6 +23,7 @@ from typing import Any
 
 from reconciler import kube as k
 from reconciler.context import Context
+from reconciler.kv_slots_io import SlotFiles
 from reconciler.lookups import Lookups
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.objects import labels, meta
@@ -34,7 +35,7 @@ from reconciler.routers import RouterReconciler
 from reconciler.servers import ServerReconciler
 from reconciler.settings import Settings
 from reconciler.settling import Settling
-from reconciler.spec import SpecError
+from reconciler.spec import KV_CLAIM_SUFFIX, SpecError
 from reconciler.stores import MANAGED, POOL, ROUTER, SERVER, Key, Result, Stores
 from reconciler.workqueue import QueueShutDown, WorkQueue
 from reconciler.writes import Writer
@@ -54,6 +55,7 @@ class Controller:
         ready: asyncio.Event | None = None,
         claims_served: bool = False,
         claims_refused: str | None = None,
+        slot_files: SlotFiles | None = None,
     ) -> None:
         """`ready` is set once the caches are synced (the health server's /readyz reads
         it, and may be serving before this controller exists). `claims_served`: the API
@@ -89,6 +91,7 @@ class Controller:
                 "slices": k.Informer(kube, k.RESOURCE_SLICES, None, self._on_devices),
                 "device_classes": k.Informer(kube, k.DEVICE_CLASSES, None, self._on_devices),
             } if claims_served else {}),
+            volume_claims=k.Informer(kube, k.VOLUME_CLAIMS, ns, self._on_volume_claim),
         )
         self.pods = stores.pods
         self.informers = stores.all()
@@ -100,6 +103,7 @@ class Controller:
                           settings.create_retry_seconds),
             settling=Settling(clock, settings.swap.standalone_settle_seconds),
             claims_refused=claims_refused,
+            slot_files=slot_files,
         )
         self.pool_reconciler: PoolReconciler
         self.server_reconciler = ServerReconciler(
@@ -190,6 +194,16 @@ class Controller:
             self._add(SERVER, ns, found[LABEL_SERVER])
         if found.get(LABEL_ROUTER):
             self._add(ROUTER, ns, found[LABEL_ROUTER])
+
+    def _on_volume_claim(self, type_: str, obj: dict[str, Any]) -> None:
+        """A PersistentVolumeClaim came or went: the servers that save their slots on it
+        look again."""
+        ns, name = k.key_of(obj)
+        for server in self.servers.items(ns):
+            kv = (server.get("spec") or {}).get("kvCache") or {}
+            own = meta(server).get("name", "") + KV_CLAIM_SUFFIX
+            if kv.get("pvc") == name or (kv.get("storageClassName") and own == name):
+                self._add(SERVER, ns, str(meta(server).get("name")))
 
     def _on_deployment(self, type_: str, obj: dict[str, Any]) -> None:
         # A member's ReplicaFailure condition tells its pool why the member has no pod.

@@ -90,6 +90,7 @@ SERVICE_ACCOUNTS = Resource("v1", "ServiceAccount", "serviceaccounts")
 ROLES = Resource("rbac.authorization.k8s.io/v1", "Role", "roles")
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
 PODS = Resource("v1", "Pod", "pods")
+VOLUME_CLAIMS = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 EVENTS = Resource("v1", "Event", "events")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 NETWORK_POLICIES = Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
@@ -106,7 +107,7 @@ BY_KIND: dict[tuple[str, str], Resource] = {
     for r in (
         MODEL_SERVERS, MODEL_POOLS, MODEL_ROUTERS, DEPLOYMENTS, SERVICES, CONFIG_MAPS,
         SERVICE_ACCOUNTS, ROLES, ROLE_BINDINGS, PODS, EVENTS, LEASES, NETWORK_POLICIES,
-        RESOURCE_CLAIMS, RESOURCE_SLICES, DEVICE_CLASSES,
+        RESOURCE_CLAIMS, RESOURCE_SLICES, DEVICE_CLASSES, VOLUME_CLAIMS,
     )
 }
 

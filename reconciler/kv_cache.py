@@ -19,11 +19,16 @@ with its value, in order.
 
 Saving: the slots that hold tokens (a task ran on them), most recently used first (a
 larger `id_task` is a later task), until the time cap or the size cap would be passed.
+
+Removing: before a member's process starts, the files under its own name on the claim
+that no restore will trust are removed (`stale_files`): those of an earlier member of the
+same name (another UID), those older than the age cap, and the oldest past the size cap.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -209,3 +214,35 @@ def restore_plan(manifest: Manifest, slots: Mapping[int, Slot]) -> list[Saved]:
     that slot exists and its context holds the tokens."""
     return [s for s in manifest.slots
             if s.slot in slots and 0 < s.tokens <= slots[s.slot].n_ctx]
+
+
+# `{member}-{uid8}-{identity8}-slot{N}.bin` (kv_slots_io.slot_file); the member's name may
+# hold dashes, so it is read from the right.
+_SLOT_FILE = re.compile(r"^(?P<member>.+)-(?P<uid>[0-9a-f]{8})-(?P<identity>[0-9a-f]{8})"
+                        r"-slot(?P<slot>[0-9]+)\.bin$")
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """A file on the claim: its name, size and modification time."""
+
+    name: str
+    bytes: int
+    mtime: float
+
+
+def stale_files(files: Sequence[OnDisk], member: str, uid: str, now: float, max_age: float,
+                max_bytes: int | None) -> list[str]:
+    """The names of `member`'s slot files to remove before its process starts: another
+    UID's (a member deleted and made again under the name), those older than `max_age`,
+    and past `max_bytes` the oldest of the rest. Files of other members are left alone."""
+    uid8 = uid.split("-")[0]
+    mine = [(f, m) for f in files if (m := _SLOT_FILE.match(f.name)) and m["member"] == member]
+    gone = {f.name for f, m in mine if m["uid"] != uid8 or now - f.mtime > max_age}
+    kept = sorted((f for f, _ in mine if f.name not in gone), key=lambda f: (-f.mtime, f.name))
+    total = 0
+    for f in kept:
+        total += f.bytes
+        if max_bytes is not None and total > max_bytes:
+            gone.add(f.name)
+    return sorted(gone)

@@ -20,7 +20,9 @@ PREFIX = "modelpool_"
 # A swap is seconds (a small model) to many minutes (a large cold load).
 _SWAP_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 _RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-PHASES = ("drain", "unload", "schedule", "load")
+PHASES = swap.METRIC_PHASES
+# The outcomes of a member's slot saves and restores (spec.kvCache.persist).
+KV_OUTCOMES = ("saved", "restored", "discarded", "failed", "timeout")
 # The reasons a swap of a pool's member fails or is deferred (reconciler.swap), whose
 # series each pool starts at 0.
 FAILURE_REASONS = (swap.SWAP_BUDGET_EXCEEDED, swap.IDLE_PROBE_UNSUPPORTED)
@@ -51,7 +53,8 @@ class ReconcilerMetrics:
         )
         self.swap_phase_duration_seconds = Histogram(
             PREFIX + "swap_phase_duration_seconds",
-            "Duration of each phase of a completed swap: drain, unload, schedule, load.",
+            "Duration of each phase of a completed swap: drain, save, unload, schedule, "
+            "load, restore.",
             ["namespace", "pool", "phase"],
             buckets=_SWAP_BUCKETS,
             registry=registry,
@@ -79,6 +82,14 @@ class ReconcilerMetrics:
             PREFIX + "swap_deferrals_total",
             "Times a swap was deferred, by reason (PodsBusy, MinResidency, IdleCheckFailed).",
             ["namespace", "pool", "reason"],
+            registry=registry,
+        )
+        self.kv_slots_total = Counter(
+            PREFIX + "kv_slots_total",
+            "Saves and restores of a member's slots (spec.kvCache.persist), by kind (save, "
+            "restore) and outcome: saved, restored, discarded (a manifest made for another "
+            "process), failed (refused or unreachable), timeout (past its cap).",
+            ["namespace", "member", "kind", "outcome"],
             registry=registry,
         )
         self.reconcile_total = Counter(

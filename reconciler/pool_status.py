@@ -118,7 +118,27 @@ def last_swap(raw: Any) -> s.LastSwap | None:
         outcome=outcome,
         reason=raw.get("reason"),
         message=raw.get("message"),
+        phases=phases_of(raw.get("phases")),
     )
+
+
+def restores_value(config: s.PoolConfig, member: str) -> dict[str, bool]:
+    """`restores: true` on a swap or load whose target goes through Restoring: the
+    routers send it nothing early, before its slots are back."""
+    return {"restores": True} if config.restores(member) else {}
+
+
+def phases_of(raw: Any) -> tuple[tuple[str, float], ...]:
+    """`lastSwap.phases` read back: each phase's name and seconds, in order."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple((str(p["name"]), float(p["seconds"])) for p in raw
+                 if isinstance(p, Mapping) and isinstance(p.get("seconds"), int | float))
+
+
+def phases_value(phases: tuple[tuple[str, float], ...]) -> list[dict[str, Any]] | None:
+    """A completed swap's phases for `lastSwap.phases` (None: absent)."""
+    return [{"name": n, "seconds": round(t, 3)} for n, t in phases] or None
 
 
 def member_phase(state: s.PoolState, member: str) -> str:
@@ -219,6 +239,7 @@ def pool_status(
             "generation": swap.generation,
             "phase": swap.phase.value,
             "startedAt": rfc3339(swap.started),
+            **restores_value(state.config, swap.to),
         },
         "lastSwap": None if last is None else _drop_none({
             "from": last.from_,
@@ -229,6 +250,7 @@ def pool_status(
             "outcome": last.outcome.value,
             "reason": last.reason,
             "message": last.message,
+            "phases": phases_value(last.phases),
         }),
         "idleUnloaded": None if state.idle_unloaded is None else {
             "member": state.idle_unloaded.member,

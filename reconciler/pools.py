@@ -21,6 +21,13 @@ from reconciler import swap as s
 from reconciler.context import Context
 from reconciler.footprints import footprint_problem, footprints
 from reconciler.idle import idle_check
+from reconciler.kv_phases import (
+    RecordKvAbandoned,
+    RestoreResult,
+    RestoreSlots,
+    SaveResult,
+    SaveSlots,
+)
 from reconciler.logs import ObjectLogger
 from reconciler.objects import labels, meta, pod_active, pod_ready
 from reconciler.prewarm import Prewarm
@@ -28,6 +35,7 @@ from reconciler.probes import Reading
 from reconciler.render import LABEL_POOL, LABEL_SERVER, POOL_KINDS
 from reconciler.servers import ServerReconciler
 from reconciler.settling import WAITING_FOR_MEMBERS
+from reconciler.slot_saves import SlotSaves, saved_members
 from reconciler.spec import DEFAULT_GPU_RESOURCE, ModelPoolSpec, ModelServerSpec, SpecError
 from reconciler.stores import POOL, SERVER, Key, Result
 
@@ -37,11 +45,13 @@ MEMBER_NOT_FOUND = "MemberNotFound"
 # Executed first, before the status write: the metrics (whoever sees the new status must
 # find them already counted), then what the swap waits on.
 RECORDED = (s.RecordSwap, s.RecordFailure, s.RecordDeferral, s.RecordIdleUnload,
-            r.RecordEviction, r.RecordLoad)
+            r.RecordEviction, r.RecordLoad, RecordKvAbandoned)
 # What a budgeted pool's status has and an exclusive pool's must not.
 BUDGETED_ONLY = tuple(k for k in residency_status.OWNED_KEYS if k not in pool_status.OWNED_KEYS)
 State = s.PoolState | r.ResidencyState
-FIRST = (s.ProbeIdle, s.ProbeActivity, s.Scale)
+FIRST = (s.ProbeIdle, s.ProbeActivity, s.Scale, SaveSlots, RestoreSlots)
+# What is fed to a pool's next step from the work run beside its reconciles.
+Answer = s.IdleResult | s.ActivityResult | SaveResult | RestoreResult
 
 
 class PoolReconciler:
@@ -49,12 +59,12 @@ class PoolReconciler:
         self.ctx = ctx
         self.servers = servers
         self.prewarm = prewarm
+        self.slot_saves = SlotSaves(ctx)
         # Each pool's state, by (namespace, name): its swap (`swap`) or, with a memory
         # budget, its residents (`residency`); restored from status when first seen.
         self.states: dict[tuple[str, str], State] = {}
         # The answers of idle probes run beside the reconciles, fed to the pool's next step.
-        self.idle_results: dict[tuple[str, str], list[s.IdleResult | s.ActivityResult]] = (
-            defaultdict(list))
+        self.idle_results: dict[tuple[str, str], list[Answer]] = defaultdict(list)
 
     def wanted(self, namespace: str, pool: str) -> dict[str, int] | None:
         """The replicas `pool` wants of each member; None while that cannot be known."""
@@ -102,6 +112,7 @@ class PoolReconciler:
             pool_budget, budget_problem = (
                 dc.budget(spec, device, footprints(spec, parsed)) if spec.budgeted
                 else (None, None))
+            config = dataclasses.replace(config, **self._kv(namespace, parsed))
             problem = self._problem(spec, parsed, invalid,
                                     pool_budget if budget_problem is None else None
                                     ) or budget_problem
@@ -226,6 +237,15 @@ class PoolReconciler:
             self._start_probe(namespace, pool, action.member)
         elif isinstance(action, s.ProbeActivity):
             self._start_probe(namespace, pool, action.member, activity=True)
+        elif isinstance(action, SaveSlots):
+            self.slot_saves.save(namespace, action, functools.partial(self._answer, namespace,
+                                                                      pool))
+        elif isinstance(action, RestoreSlots):
+            self.slot_saves.restore(namespace, action,
+                                    functools.partial(self._answer, namespace, pool))
+        elif isinstance(action, RecordKvAbandoned):
+            m.kv_slots_total.labels(namespace, action.member, action.kind, "timeout").inc()
+            logger.warning("%s of %s's slots abandoned at its cap", action.kind, action.member)
         elif isinstance(action, s.ClearRequest):
             if not await self.ctx.writer.clear_request(namespace, pool, action.generation,
                                                        logger):
@@ -267,6 +287,20 @@ class PoolReconciler:
             raise
         if result.requeue_after is not None:
             self.ctx.queue.add_after(key, result.requeue_after)
+
+    def _answer(self, namespace: str, pool: str, answer: Answer) -> None:
+        """Feed what work beside the reconcile found to the pool's next step."""
+        self.idle_results[(namespace, pool)].append(answer)
+        self.ctx.add(POOL, namespace, pool)
+
+    def _kv(self, namespace: str, parsed: Mapping[str, ModelServerSpec]) -> dict[str, Any]:
+        """The machines' view of the members that keep their KV cache: each one's cap,
+        and those with saved slots (a manifest in status) to restore."""
+        caps = {m: spec.kv_cache.save_timeout for m, spec in parsed.items()
+                if spec.kv_cache is not None and spec.kv_cache.persist}
+        servers = self.ctx.stores.servers
+        bodies = {m: servers.get(namespace, m) or {} for m in caps}
+        return {"kv_caps": caps, "kv_saved": saved_members(bodies)}
 
     def _start_probe(self, namespace: str, pool: str, member: str,
                      activity: bool = False) -> None:

@@ -20,6 +20,7 @@ import yaml
 
 from reconciler import vllm_share
 from reconciler.device_claim import POD_CLAIM, REQUEST, claim_name
+from reconciler.quantity import format_bytes
 from reconciler.router_config import (
     CONFIG_KEY,
     RenderError,
@@ -80,6 +81,7 @@ SERVER_KINDS: tuple[tuple[str, str], ...] = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("v1", "PersistentVolumeClaim"),
 )
 # What a pool renders and prunes: its ResourceClaim (a claim pool's).
 POOL_KINDS: tuple[tuple[str, str], ...] = (("resource.k8s.io/v1", "ResourceClaim"),)
@@ -99,6 +101,7 @@ _SERVER_TEMPLATES = (
     "model-server/deployment.yaml.j2",
     "model-server/service.yaml.j2",
     "model-server/networkpolicy.yaml.j2",
+    "model-server/kv-cache-claim.yaml.j2",
 )
 _PREWARM_TEMPLATE = "model-server/prewarm-pod.yaml.j2"
 _CLAIM_TEMPLATE = "model-pool/resourceclaim.yaml.j2"
@@ -277,11 +280,27 @@ class Renderer:
             "slot_gate": SLOT_GATE if pool is not None else None,
             "gpu_footprint": gpu_footprint,
             "kv_mount": KV_CACHE_MOUNT_PATH,
+            "kv_claim_name": _kv_claim_name(ms),
+            "kv_claim": _kv_claim(ms),
+            "kv_clean": self._kv_clean(ms, owner_uid),
             "label_router": LABEL_ROUTER,
             "reconciler_namespace": self.reconciler_namespace,
             "reconciler_name": RECONCILER_NAME,
         }
         return self._render(_SERVER_TEMPLATES, context)
+
+    def _kv_clean(self, ms: ModelServerSpec, owner_uid: str | None) -> dict[str, Any] | None:
+        """The init container that removes a persisted member's stale slot files (the
+        product's image, `modelpool-kv-clean`); None without persist or a UID."""
+        kv = ms.kv_cache
+        uid = ms.uid or owner_uid
+        if kv is None or _kv_claim_name(ms) is None or not uid:
+            return None
+        args = ["--dir", KV_CACHE_MOUNT_PATH, "--member", ms.name, "--uid", uid,
+                "--max-age", f"{kv.max_age:g}"]
+        if kv.max_bytes is not None:
+            args += ["--max-size", str(kv.max_bytes)]
+        return {"image": self.router_image, "args": args}
 
     def prewarm_pod(self, ms: ModelServerSpec, *, pool: str, pool_uid: str | None, node: str,
                     deadline: float) -> dict[str, Any] | None:
@@ -372,3 +391,21 @@ class Renderer:
             "owner": _owner("ModelRouter", router.name, owner_uid),
         }
         return self._render(_ROUTER_TEMPLATES, context)
+
+
+def _kv_claim_name(ms: ModelServerSpec) -> str | None:
+    """The claim a persisted llama.cpp member's slots are saved to (None: no persist)."""
+    kv = ms.kv_cache
+    if kv is None or not kv.persist or ms.runtime != "llamacpp":
+        return None
+    return kv.claim(ms.name)
+
+
+def _kv_claim(ms: ModelServerSpec) -> dict[str, str] | None:
+    """The claim the reconciler creates for it, when it names a storage class."""
+    kv = ms.kv_cache
+    name = _kv_claim_name(ms)
+    if kv is None or name is None or kv.storage_class is None:
+        return None
+    return {"name": name, "storage_class": kv.storage_class,
+            "size": format_bytes(kv.storage_size)}

@@ -41,9 +41,15 @@ The rules (the policies' meaning for a set: docs/api.md, "Pools with a memory bu
   naming the target), the target is scaled to 1 once its own old pods are gone (created
   gated), and released once the budget holds with it, that is once enough of the
   victims' pods are gone. The load then waits for it to be Ready: it is resident.
+- Saving: victims that keep their KV cache (`spec.kvCache.persist`) are saved before
+  they are scaled to 0, and so is a member unloaded for idleness; they are no longer
+  residents but run until saved, and the load waits in `Saving` until its victims are.
+  A restore follows a load once its target is Ready (`Restoring`), before it is
+  resident (`reconciler.kv_phases`, shared with the exclusive pool).
 - The whole load is bounded by `swapBudget` from its start: past it the load is
   abandoned, its target scaled back to 0 and its request cleared by compare-and-swap.
-  Victims already evicted stay unloaded.
+  Victims already evicted stay unloaded. A load Restoring is bounded by its restore's
+  cap instead (its target is Ready).
 - A newer request supersedes a load still draining: it withdraws it when it names
   nobody or a resident, and otherwise replaces it (the victims are chosen again for the
   new target). A load past its drain is never withdrawn; several loads may be under way
@@ -71,6 +77,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from reconciler import kv_phases
+from reconciler.kv_phases import (
+    Pending,
+    RecordKvAbandoned,
+    RestoreResult,
+    RestoreSlots,
+    SaveResult,
+    SaveSlots,
+)
 from reconciler.swap import (
     FAILED_CREATE,
     IDLE_CHECK_FAILED,
@@ -200,6 +215,7 @@ class LastLoad:
     evicted: tuple[str, ...] = ()
     reason: str | None = None
     message: str | None = None
+    phases: tuple[tuple[str, float], ...] = ()  # a completed load's, in order
 
 
 @dataclass(frozen=True)
@@ -219,6 +235,9 @@ class ResidencyState:
     activity: Mapping[str, Activity] = field(default_factory=dict)
     # Members unloaded by idleUnloadAfter and not loaded since.
     idle_unloads: Mapping[str, IdleUnload] = field(default_factory=dict)
+    # Saves and restores under way (`kv_phases`), by member.
+    saves: Mapping[str, Pending] = field(default_factory=dict)
+    restores: Mapping[str, Pending] = field(default_factory=dict)
 
 
 # Actions, beside those of `reconciler.swap`
@@ -286,6 +305,9 @@ def next_wakeup(state: ResidencyState) -> float | None:
         times.append(reclaim)
     times += [a.next_probe for a in state.activity.values()
               if not a.probe_in_flight and not a.unsupported]
+    kv = kv_phases.next_deadline(state.saves, state.restores)
+    if kv is not None:
+        times.append(kv)
     return min(times, default=None)
 
 
@@ -308,7 +330,8 @@ def released(state: ResidencyState) -> frozenset[str]:
     if state.problem is not None:
         return frozenset()
     observed = state.observed or MemberPods()
-    holders = set(state.residents) | {x.to for x in state.loads if x.phase is Phase.LOADING}
+    holders = set(state.residents) | {x.to for x in state.loads
+                                      if x.phase in (Phase.LOADING, Phase.RESTORING)}
     return frozenset(m for m in holders & set(state.config.members)
                      if observed.terminating.get(m, 0) == 0)
 
@@ -377,8 +400,9 @@ def _footprints(config: ResidencyConfig, members: Iterable[str]) -> int:
 
 
 def _wanted(state: ResidencyState) -> set[str]:
-    """Members the pool runs at 1: the residents and the staged loads."""
-    return set(state.residents) | {x.to for x in state.loads if x.staged}
+    """Members the pool runs at 1: the residents, the staged loads and the members whose
+    slots are being saved."""
+    return set(state.residents) | {x.to for x in state.loads if x.staged} | set(state.saves)
 
 
 def _holding(state: ResidencyState) -> set[str]:
@@ -459,8 +483,42 @@ def _apply(state: ResidencyState, event: Event, now: float
         return _idle_result(state, event, now)
     if isinstance(event, ActivityResult):
         return _activity_result(state, event, now)
+    if isinstance(event, SaveResult):
+        saves = kv_phases.answer(state.saves, event.member)
+        if saves is None:
+            return state, []  # an answer to a question no longer asked
+        state = replace(state, saves=saves)
+        return state, _scale_saved(state, [event.member])
+    if isinstance(event, RestoreResult):
+        restores = kv_phases.answer(state.restores, event.member)
+        return (state if restores is None else replace(state, restores=restores)), []
     assert isinstance(event, Tick)
     return state, []
+
+
+def _scale_saved(state: ResidencyState, members: Iterable[str]) -> list[Action]:
+    """Scale to 0 the members whose save ended and whom the pool no longer wants."""
+    if state.problem is not None:
+        return []
+    wanted = _wanted(state)
+    return [Scale(m, 0) for m in members if m in state.config.members and m not in wanted]
+
+
+def _expire_kv(state: ResidencyState, now: float) -> tuple[ResidencyState, list[Action]]:
+    """Saves and restores past their deadline: abandoned, told and counted."""
+    saves, late_saves = kv_phases.expire(state.saves, now)
+    restores, late_restores = kv_phases.expire(state.restores, now)
+    if not late_saves and not late_restores:
+        return state, []
+    actions: list[Action] = []
+    for kind, late, pending in (("save", late_saves, state.saves),
+                                ("restore", late_restores, state.restores)):
+        for member in late:
+            actions += [RecordKvAbandoned(member, kind),
+                        EmitEvent("Warning", *kv_phases.abandoned(member, kind,
+                                                                  pending[member]))]
+    state = replace(state, saves=saves, restores=restores)
+    return state, actions + _scale_saved(state, late_saves)
 
 
 def _idle_result(state: ResidencyState, event: IdleResult, now: float
@@ -484,9 +542,10 @@ def _idle_result(state: ResidencyState, event: IdleResult, now: float
 def _decide(state: ResidencyState, now: float) -> tuple[ResidencyState, list[Action]]:
     if state.observed is None:
         return state, []
-    actions: list[Action] = []
+    state, actions = _expire_kv(state, now)
     for load in state.loads:
-        if now >= load.started + state.config.swap_budget:
+        if (now >= load.started + state.config.swap_budget
+                and load.phase is not Phase.RESTORING):
             if load.reclaim and load.phase is Phase.DRAINING:
                 state = _call_off_reclaim(state, load, now)
             else:
@@ -499,8 +558,12 @@ def _decide(state: ResidencyState, now: float) -> tuple[ResidencyState, list[Act
     for load in state.loads:
         if load.phase is Phase.DRAINING:
             state, more = _drain(state, load, now)
+        elif load.phase is Phase.SAVING:
+            state, more = _saved(state, load, now)
         elif load.phase is Phase.UNLOADING:
             state, more = _unload(state, load, now)
+        elif load.phase is Phase.RESTORING:
+            state, more = _restored(state, load, now)
         else:
             state, more = _load(state, load, now)
         actions += more
@@ -762,22 +825,51 @@ def _commit(state: ResidencyState, load: Load, victims: tuple[str, ...], now: fl
         after = state.config.reclaim_after or 0.0
         actions.append(EmitEvent("Normal", "SwapStarted",
                                  f"loading {load.to}: reclaimed after {after:g}s"))
+    observed = state.observed or MemberPods()
+    running = [v for v in victims if observed.count(v) > 0]
+    saves, saving = kv_phases.begin(state.saves, running, state.config.kv_caps, now,
+                                    load.started + state.config.swap_budget)
+    actions += saving
     for victim in victims:
+        if victim not in saves:  # else scaled once its slots are saved
+            actions.append(Scale(victim, 0))
         actions += [
-            Scale(victim, 0),
             EmitEvent("Normal", EVICTED, f"{victim} evicted for {load.to} ({why})"),
             RecordEviction(victim, load.to),
         ]
-    load = replace(load, phase=Phase.UNLOADING, phase_started=now, victims=victims,
+    phase = Phase.SAVING if any(v in saves for v in victims) else Phase.UNLOADING
+    load = replace(load, phase=phase, phase_started=now, victims=victims,
                    durations=(*load.durations, ("drain", now - load.phase_started)),
                    verdicts={}, probing=frozenset(), deferral=None, recheck_at=None)
     state = replace(
         _put(state, load),
         residents={m: r for m, r in state.residents.items() if m not in victims},
         activity={m: a for m, a in state.activity.items() if m not in victims},
+        saves=saves,
     )
+    if phase is Phase.SAVING:
+        return state, actions
     state, more = _unload(state, load, now)
     return state, actions + more
+
+
+def _saved(state: ResidencyState, load: Load, now: float
+           ) -> tuple[ResidencyState, list[Action]]:
+    """Saving: on to Unloading once none of the load's victims is being saved."""
+    if any(v in state.saves for v in load.victims):
+        return state, []
+    load = replace(load, phase=Phase.UNLOADING, phase_started=now,
+                   durations=(*load.durations, ("save", now - load.phase_started)))
+    return _unload(_put(state, load), load, now)
+
+
+def _restored(state: ResidencyState, load: Load, now: float
+              ) -> tuple[ResidencyState, list[Action]]:
+    """Restoring: resident once the target's restore answered or passed its cap."""
+    if load.to in state.restores:
+        return state, []
+    load = replace(load, durations=(*load.durations, ("restore", now - load.phase_started)))
+    return _resident(state, load, now)
 
 
 def _unload(state: ResidencyState, load: Load, now: float) -> tuple[ResidencyState, list[Action]]:
@@ -824,10 +916,27 @@ def _load(state: ResidencyState, load: Load, now: float) -> tuple[ResidencyState
     if observed.ready.get(member, 0) < 1:
         return _put(state, load), actions
     assert load.scheduled_at is not None  # set above at the latest: a Ready pod was placed
-    durations = (*load.durations, ("load", now - load.scheduled_at))
+    load = replace(load, durations=(*load.durations, ("load", now - load.scheduled_at)))
+    config = state.config
+    if config.restores(member):
+        restores, restoring = kv_phases.begin(state.restores, [member], config.kv_caps, now,
+                                         None, restore=True)
+        load = replace(load, phase=Phase.RESTORING, phase_started=now)
+        return replace(_put(state, load), restores=restores), [*actions, *restoring]
+    state, more = _resident(state, load, now)
+    return state, actions + more
+
+
+def _resident(state: ResidencyState, load: Load, now: float
+              ) -> tuple[ResidencyState, list[Action]]:
+    """The load's target is Ready (and its slots restored): it is resident."""
+    member = load.to
+    actions: list[Action] = []
+    durations = load.durations
     duration = now - load.started
     last = LastLoad(to=member, generation=load.generation, start=load.started,
-                    duration=duration, outcome=Outcome.SUCCEEDED, evicted=load.victims)
+                    duration=duration, outcome=Outcome.SUCCEEDED, evicted=load.victims,
+                    phases=durations)
     evicted = f"evicted {', '.join(load.victims)}" if load.victims else "nothing evicted"
     actions += [
         EmitEvent("Normal", "SwapCompleted", f"{member} is resident ({evicted}, {duration:.1f}s)"),
@@ -849,6 +958,9 @@ def _abandon(state: ResidencyState, load: Load, now: float) -> tuple[ResidencySt
         why = load.deferral.reason if load.deferral else "draining"
         victims = ", ".join(load.victims) or "no member"
         message = f"{victims} not drained for {load.to} within swapBudget {budget:g}s ({why})"
+    elif load.phase is Phase.SAVING:
+        message = (f"{', '.join(load.victims)} not saved for {load.to} within swapBudget "
+                   f"{budget:g}s")
     elif load.unschedulable is not None:
         message = (f"{load.to} not Ready within swapBudget {budget:g}s "
                    f"({UNSCHEDULABLE}: {load.unschedulable})")
@@ -956,13 +1068,16 @@ def _activity_result(state: ResidencyState, event: ActivityResult, now: float
         return _with_activity(state, activity), []
     message = (f"{member} served nothing for {idle_for:.0f}s (idleUnloadAfter {after:g}s): "
                f"unloaded until a request comes")
+    saves, saving = kv_phases.begin(state.saves, [member], config.kv_caps, now, None)
     new = replace(
         state,
         residents={m: r for m, r in state.residents.items() if m != member},
         activity={m: a for m, a in state.activity.items() if m != member},
         idle_unloads={**state.idle_unloads, member: IdleUnload(member, now, idle_for)},
+        saves=saves,
     )
-    return new, [Scale(member, 0), EmitEvent("Normal", IDLE_UNLOADED, message),
+    scale: list[Action] = [] if member in saves else [Scale(member, 0)]
+    return new, [*saving, *scale, EmitEvent("Normal", IDLE_UNLOADED, message),
                  RecordIdleUnload(member)]
 
 
@@ -1012,6 +1127,7 @@ __all__ = [
     "RecordEviction",
     "RecordFailure",
     "RecordIdleUnload",
+    "RecordKvAbandoned",
     "RecordLoad",
     "Request",
     "RequestObserved",
@@ -1019,6 +1135,10 @@ __all__ = [
     "ResidencyState",
     "Resident",
     "ResidentView",
+    "RestoreResult",
+    "RestoreSlots",
+    "SaveResult",
+    "SaveSlots",
     "Scale",
     "SpecObserved",
     "Tick",

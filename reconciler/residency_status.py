@@ -16,7 +16,14 @@ from typing import Any
 
 from reconciler import conditions as cond
 from reconciler import residency as r
-from reconciler.pool_status import conditions, last_swap, request_of, swap_of
+from reconciler.pool_status import (
+    conditions,
+    last_swap,
+    phases_value,
+    request_of,
+    restores_value,
+    swap_of,
+)
 from reconciler.timefmt import parse, rfc3339
 
 OWNED_KEYS = (
@@ -83,7 +90,7 @@ def _last_load(raw: Any) -> r.LastLoad | None:
         to=last.to, generation=last.generation, start=last.start, duration=last.duration,
         outcome=last.outcome,
         evicted=tuple(str(e) for e in evicted) if isinstance(evicted, list) else (),
-        reason=last.reason, message=last.message)
+        reason=last.reason, message=last.message, phases=last.phases)
 
 
 def _latest(state: r.ResidencyState) -> r.Resident | None:
@@ -147,7 +154,8 @@ def pool_status(state: r.ResidencyState, previous: Mapping[str, Any] | None,
         "roomLeft": r.room_left(state),
         "loads": [
             {"to": x.to, "generation": x.generation, "phase": x.phase.value,
-             "startedAt": rfc3339(x.started), "victims": list(x.victims)}
+             "startedAt": rfc3339(x.started), "victims": list(x.victims),
+             **restores_value(state.config, x.to)}
             for x in loads
         ],
         "swap": None if first is None else {
@@ -156,6 +164,7 @@ def pool_status(state: r.ResidencyState, previous: Mapping[str, Any] | None,
             "generation": first.generation,
             "phase": first.phase.value,
             "startedAt": rfc3339(first.started),
+            **restores_value(state.config, first.to),
         },
         "lastSwap": None if last is None else {k: v for k, v in {
             "from": last.evicted[0] if last.evicted else None,
@@ -167,6 +176,7 @@ def pool_status(state: r.ResidencyState, previous: Mapping[str, Any] | None,
             "outcome": last.outcome.value,
             "reason": last.reason,
             "message": last.message,
+            "phases": phases_value(last.phases),
         }.items() if v is not None},
         "idleUnloaded": None if gone is None else {
             "member": gone.member,

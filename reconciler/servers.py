@@ -22,6 +22,7 @@ from reconciler.timefmt import parse
 
 log = logging.getLogger(__name__)
 
+KV_CLAIM_NOT_FOUND = "KvCacheClaimNotFound"
 # Rendered servers kept (a handful per server: its replicas 0 and 1, in a pool or not).
 RENDER_CACHE_SIZE = 1024
 
@@ -68,6 +69,10 @@ class ServerReconciler:
         except SpecError as e:
             await writer.write_stalled(body, logger, "InvalidSpec", str(e))
             return Result()
+        missing = self._missing_claim(spec)
+        if missing is not None:
+            await writer.write_stalled(body, logger, KV_CLAIM_NOT_FOUND, missing)
+            return Result()
         pool, ambiguous = ctx.lookups.pool_for(namespace, name)
         if scale is not None:
             replicas, result = scale, Result()
@@ -88,6 +93,17 @@ class ServerReconciler:
         await writer.write_status(ctx.stores.servers, body, status.owned)
         return result.sooner(
             await writer.retry_creation(namespace, name, status.not_created, logger))
+
+    def _missing_claim(self, spec: ModelServerSpec) -> str | None:
+        """Why the claim a persisted member names cannot hold its slots: it does not
+        exist (a claim the reconciler creates is never missing). Looked at again when a
+        claim comes (`Controller._on_claim`)."""
+        kv = spec.kv_cache
+        if (kv is None or not kv.persist or kv.pvc is None
+                or self.ctx.stores.volume_claims.get(spec.namespace, kv.pvc) is not None):
+            return None
+        return (f"spec.kvCache.pvc names the PersistentVolumeClaim {kv.pvc}, which does not "
+                f"exist in {spec.namespace}: create it, or name a storageClassName instead")
 
     def _replicas(
         self, spec: ModelServerSpec, pool: str | None, ambiguous: bool, created: float | None

@@ -250,19 +250,31 @@ class Storage:
 KV_CACHE_MOUNT_PATH = "/var/lib/modelpool/kv-cache"
 DEFAULT_KV_SAVE_TIMEOUT = "10s"
 DEFAULT_KV_MAX_AGE = "24h"
+DEFAULT_KV_STORAGE_SIZE = 10 << 30  # the claim the reconciler creates: 10Gi
+KV_CLAIM_SUFFIX = "-kv-cache"
 
 
 @dataclass(frozen=True)
 class KvCache:
     """A llama.cpp member's slots kept across an unload (spec.kvCache): saved on unload to
-    `pvc` and restored on load, within `max_bytes` of files and `save_timeout` of saving;
-    files older than `max_age` are not restored."""
+    the claim `pvc` (or, with `storage_class`, one the reconciler creates of
+    `storage_size` bytes, owned by the ModelServer) and restored on load, within
+    `max_bytes` of files and `save_timeout` of saving; files older than `max_age` are not
+    restored."""
 
     persist: bool = False
     pvc: str | None = None
     max_bytes: int | None = None
     save_timeout: float = 10.0
     max_age: float = 86400.0
+    storage_class: str | None = None
+    storage_size: int = DEFAULT_KV_STORAGE_SIZE
+
+    def claim(self, server: str) -> str | None:
+        """The claim the slots are saved to: the one named, or the one created."""
+        if self.pvc is not None:
+            return self.pvc
+        return server + KV_CLAIM_SUFFIX if self.storage_class is not None else None
 
 
 @dataclass(frozen=True)
@@ -360,12 +372,21 @@ class ModelServerSpec:
             persist = _typed(raw_kv.get("persist", False), bool, "spec.kvCache.persist",
                              "a boolean")
             kv_pvc = _str(raw_kv, "pvc", "spec.kvCache")
-            if persist and kv_pvc is None:
+            kv_class = _str(raw_kv, "storageClassName", "spec.kvCache")
+            if kv_pvc is not None and kv_class is not None:
+                raise SpecError("spec.kvCache names both pvc and storageClassName: a claim "
+                                "of yours or one the reconciler creates, not both")
+            if persist and kv_pvc is None and kv_class is None:
                 raise SpecError("spec.kvCache.persist needs spec.kvCache.pvc, the "
-                                "PersistentVolumeClaim the slots are saved to")
+                                "PersistentVolumeClaim the slots are saved to, or "
+                                "spec.kvCache.storageClassName, for a claim the reconciler "
+                                "creates")
             kv_cache = KvCache(
                 persist=persist,
                 pvc=kv_pvc,
+                storage_class=kv_class,
+                storage_size=_bytes(raw_kv, "storageSize", "spec.kvCache")
+                or DEFAULT_KV_STORAGE_SIZE,
                 max_bytes=_bytes(raw_kv, "maxSize", "spec.kvCache"),
                 save_timeout=_duration(raw_kv, "saveTimeout", "spec.kvCache",
                                        DEFAULT_KV_SAVE_TIMEOUT) or 10.0,

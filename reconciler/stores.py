@@ -51,6 +51,10 @@ class Stores:
     role_bindings: k.Informer
     network_policies: k.Informer
     pods: k.Informer
+    # Every PersistentVolumeClaim of the namespace: those the reconciler creates for a
+    # member's saved slots, and those a member names (it is Stalled while its claim
+    # does not exist).
+    volume_claims: k.Informer
     # Dynamic Resource Allocation's, where the API server serves it (else None): the claim
     # pools' ResourceClaims, and the ResourceSlices and DeviceClasses of the cluster.
     claims: k.Informer | None = None
@@ -61,7 +65,7 @@ class Stores:
         return [
             self.servers, self.pools, self.routers, self.deployments, self.services,
             self.config_maps, self.service_accounts, self.roles, self.role_bindings,
-            self.network_policies, self.pods,
+            self.network_policies, self.pods, self.volume_claims,
             *(i for i in (self.claims, self.slices, self.device_classes) if i is not None),
         ]
 
@@ -83,4 +87,5 @@ class Stores:
             (k.ROLES.api_version, "Role"): self.roles,
             (k.ROLE_BINDINGS.api_version, "RoleBinding"): self.role_bindings,
             (k.NETWORK_POLICIES.api_version, "NetworkPolicy"): self.network_policies,
+            (k.VOLUME_CLAIMS.api_version, "PersistentVolumeClaim"): self.volume_claims,
         }

@@ -33,8 +33,13 @@ docs/architecture.md):
   pod waits unplaced while the incumbent unloads: the controllers' chain from Deployment
   to pod is off the swap's path, and no node can run it before its turn.
 - Loading: the target's gate is lifted only then, and the swap waits for it to be Ready.
+- Saving: an incumbent that keeps its KV cache (`spec.kvCache.persist`) is saved once its
+  drain found it idle, before it is scaled to 0, and so is a member unloaded for
+  idleness; a restore follows the target's load once it is Ready, before it is resident
+  (`reconciler.kv_phases`, shared with the budgeted pool).
 - The whole swap is bounded by `swapBudget` from its start: past it the swap is
-  abandoned, the target scaled back to 0, the request cleared by compare-and-swap.
+  abandoned, the target scaled back to 0, the request cleared by compare-and-swap (a
+  swap Restoring is bounded by its restore's cap instead: its target is Ready).
 - While the spec has a problem (a missing member, a member in two pools) nothing starts
   and nothing is scaled; only the deadline still applies to a swap already running.
 """
@@ -46,11 +51,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from reconciler import kv_phases
+from reconciler.kv_phases import (
+    Pending,
+    RecordKvAbandoned,
+    RestoreResult,
+    RestoreSlots,
+    SaveResult,
+    SaveSlots,
+)
+
 
 class Phase(StrEnum):
     DRAINING = "Draining"
+    SAVING = "Saving"
     UNLOADING = "Unloading"
     LOADING = "Loading"
+    RESTORING = "Restoring"
+
+
+# Phases in which the incumbent still holds the slot (resident, its pods running).
+HOLDING = (Phase.DRAINING, Phase.SAVING)
 
 
 class Verdict(StrEnum):
@@ -84,7 +105,7 @@ IDLE_UNLOAD_UNSUPPORTED = "IdleUnloadUnsupported"
 MAX_ACTIVITY_INTERVAL = 15.0
 
 # Metric phase names: the `phase` label of swap_phase_duration_seconds (`reconciler.metrics`).
-METRIC_PHASES = ("drain", "unload", "schedule", "load")
+METRIC_PHASES = ("drain", "save", "unload", "schedule", "load", "restore")
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,11 @@ class PoolConfig:
     priorities: Mapping[str, int] = field(default_factory=dict)
     # spec.idleUnloadAfter: a resident that served nothing this long is unloaded.
     idle_unload_after: float | None = None
+    # spec.kvCache.persist: each member that saves its slots on unload, and its
+    # saveTimeout (the cap of a save and of a restore).
+    kv_caps: Mapping[str, float] = field(default_factory=dict)
+    # The members among those with saved slots waiting to be restored (a manifest).
+    kv_saved: frozenset[str] = frozenset()
 
     @property
     def activity_interval(self) -> float:
@@ -115,6 +141,11 @@ class PoolConfig:
 
     def outranks(self, member: str, other: str) -> bool:
         return self.priorities.get(member, 0) > self.priorities.get(other, 0)
+
+    def restores(self, member: str) -> bool:
+        """Whether a load of `member` goes through Restoring: it keeps its KV cache and
+        has saved slots."""
+        return member in self.kv_caps and member in self.kv_saved
 
 
 @dataclass(frozen=True)
@@ -181,6 +212,7 @@ class LastSwap:
     outcome: Outcome
     reason: str | None = None
     message: str | None = None
+    phases: tuple[tuple[str, float], ...] = ()  # a completed swap's, in order
 
 
 @dataclass(frozen=True)
@@ -243,6 +275,9 @@ class PoolState:
     observed: MemberPods | None = None  # None until the members' pods were seen once
     activity: Activity | None = None
     idle_unloaded: IdleUnload | None = None
+    # Saves and restores under way (`kv_phases`), by member.
+    saves: Mapping[str, Pending] = field(default_factory=dict)
+    restores: Mapping[str, Pending] = field(default_factory=dict)
 
 
 # Events
@@ -288,7 +323,8 @@ class Tick:
     pass
 
 
-Event = SpecObserved | RequestObserved | MembersObserved | IdleResult | ActivityResult | Tick
+Event = (SpecObserved | RequestObserved | MembersObserved | IdleResult | ActivityResult | Tick
+         | SaveResult | RestoreResult)
 
 
 # Actions
@@ -349,7 +385,8 @@ class RecordIdleUnload:
 
 
 Action = (ProbeIdle | ProbeActivity | Scale | ClearRequest | EmitEvent | RecordSwap
-          | RecordFailure | RecordDeferral | RecordIdleUnload)
+          | RecordFailure | RecordDeferral | RecordIdleUnload | SaveSlots | RestoreSlots
+          | RecordKvAbandoned)
 
 
 def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Action]]:
@@ -357,7 +394,7 @@ def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Ac
     state, actions = _apply(state, event, now)
     # A decision can open the next one at once (nothing to unload, a target already
     # Ready); iterate to a fixed point, bounded because each pass advances a phase.
-    for _ in range(6):
+    for _ in range(8):
         new, more = _decide(state, now)
         actions += more
         if new == state:
@@ -369,10 +406,14 @@ def step(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[Ac
 def next_wakeup(state: PoolState) -> float | None:
     """When the shell must step the pool again with a Tick, absent other events."""
     swap = state.swap
+    kv = kv_phases.next_deadline(state.saves, state.restores)
     if swap is None:
-        times = [t for t in (_reclaim_due_at(state), _activity_due_at(state)) if t is not None]
+        times = [t for t in (_reclaim_due_at(state), _activity_due_at(state), kv)
+                 if t is not None]
         return min(times) if times else None
     times = [swap.started + state.config.swap_budget]
+    if kv is not None:
+        times.append(kv)
     if swap.phase is Phase.DRAINING and not swap.probe_in_flight:
         residency_end = _residency_end(state)
         if swap.deferral is not None and swap.deferral.reason == MIN_RESIDENCY:
@@ -390,10 +431,13 @@ def desired_replicas(state: PoolState) -> dict[str, int] | None:
         return None
     wanted = dict.fromkeys(state.config.members, 0)
     swap = state.swap
-    if state.resident in wanted and (swap is None or swap.phase is Phase.DRAINING):
+    if state.resident in wanted and (swap is None or swap.phase in HOLDING):
         wanted[state.resident] = 1
-    if swap is not None and swap.phase is not Phase.DRAINING and swap.to in wanted:
+    if swap is not None and swap.phase not in HOLDING and swap.to in wanted:
         wanted[swap.to] = 1  # staged while the incumbent unloads: created, not placed
+    for member in state.saves:  # runs until its slots are saved
+        if member in wanted:
+            wanted[member] = 1
     return wanted
 
 
@@ -406,8 +450,9 @@ def released(state: PoolState) -> frozenset[str]:
         return frozenset()
     members = set(state.config.members)
     swap = state.swap
-    if swap is not None and swap.phase is not Phase.DRAINING:
-        return frozenset({swap.to} & members) if swap.phase is Phase.LOADING else frozenset()
+    if swap is not None and swap.phase not in HOLDING:
+        return (frozenset({swap.to} & members)
+                if swap.phase in (Phase.LOADING, Phase.RESTORING) else frozenset())
     return frozenset({state.resident} & members) if state.resident is not None else frozenset()
 
 
@@ -464,7 +509,42 @@ def _apply(state: PoolState, event: Event, now: float) -> tuple[PoolState, list[
         return _idle_result(state, event, now)
     if isinstance(event, ActivityResult):
         return _activity_result(state, event, now)
+    if isinstance(event, SaveResult):
+        saves = kv_phases.answer(state.saves, event.member)
+        if saves is None:
+            return state, []  # an answer to a question no longer asked
+        state = replace(state, saves=saves)
+        return state, _scale_saved(state, [event.member])
+    if isinstance(event, RestoreResult):
+        restores = kv_phases.answer(state.restores, event.member)
+        return (state if restores is None else replace(state, restores=restores)), []
     return state, []
+
+
+def _scale_saved(state: PoolState, members: list[str]) -> list[Action]:
+    """Scale to 0 the members whose save ended and whom the pool no longer wants (an
+    incumbent still Saving is scaled by its swap's unload)."""
+    wanted = desired_replicas(state)
+    if wanted is None:
+        return []
+    return [Scale(m, 0) for m in members if wanted.get(m) == 0]
+
+
+def _expire_kv(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    """Saves and restores past their deadline: abandoned, told and counted."""
+    saves, late_saves = kv_phases.expire(state.saves, now)
+    restores, late_restores = kv_phases.expire(state.restores, now)
+    if not late_saves and not late_restores:
+        return state, []
+    actions: list[Action] = []
+    for kind, late, pending in (("save", late_saves, state.saves),
+                                ("restore", late_restores, state.restores)):
+        for member in late:
+            actions += [RecordKvAbandoned(member, kind),
+                        EmitEvent("Warning", *kv_phases.abandoned(member, kind,
+                                                                  pending[member]))]
+    state = replace(state, saves=saves, restores=restores)
+    return state, actions + _scale_saved(state, late_saves)
 
 
 def _idle_result(state: PoolState, event: IdleResult, now: float) -> tuple[PoolState, list[Action]]:
@@ -480,7 +560,7 @@ def _idle_result(state: PoolState, event: IdleResult, now: float) -> tuple[PoolS
             message = (f"swapping {swap.from_} -> {swap.to}: reclaimed after "
                        f"{state.config.reclaim_after:g}s")
             actions.append(EmitEvent("Normal", "SwapStarted", message))
-        state, more = _begin_unloading(replace(state, swap=swap), now)
+        state, more = _begin_saving(replace(state, swap=swap), now)
         return state, actions + more
     if event.verdict is Verdict.UNSUPPORTED:
         message = f"{event.member} can never be probed for idleness"
@@ -503,9 +583,13 @@ def _idle_result(state: PoolState, event: IdleResult, now: float) -> tuple[PoolS
 def _decide(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     if state.observed is None:
         return state, []
+    new, expired = _expire_kv(state, now)
+    if expired:
+        return new, expired
     swap = state.swap
     if swap is not None:
-        if now >= swap.started + state.config.swap_budget:
+        if (now >= swap.started + state.config.swap_budget
+                and swap.phase is not Phase.RESTORING):
             if swap.reclaim and swap.phase is Phase.DRAINING:
                 return _call_off_reclaim(state, now), []
             return _abandon(state, now)
@@ -513,8 +597,18 @@ def _decide(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
             return state, []
         if swap.phase is Phase.DRAINING:
             return _drain(state, swap, now)
+        if swap.phase is Phase.SAVING:
+            if swap.from_ in state.saves:
+                return state, []
+            return _begin_unloading(state, now)
         if swap.phase is Phase.UNLOADING:
             return _unload(state, swap, now)
+        if swap.phase is Phase.RESTORING:
+            if swap.to in state.restores:
+                return state, []
+            swap = replace(swap, durations=(*swap.durations,
+                                            ("restore", now - swap.phase_started)))
+            return _complete(replace(state, swap=swap), swap, now)
         return _load(state, swap, now)
     if state.problem is not None:
         return state, []
@@ -686,12 +780,30 @@ def _defer(state: PoolState, deferral: Deferral) -> tuple[PoolState, list[Action
     return replace(state, swap=replace(swap, deferral=deferral)), actions
 
 
+def _begin_saving(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
+    """The incumbent found idle: save its slots first if it keeps them, else unload."""
+    swap = state.swap
+    assert swap is not None and swap.from_ is not None
+    member = swap.from_
+    if (member not in state.config.kv_caps
+            or (state.observed or MemberPods()).count(member) == 0):
+        return _begin_unloading(state, now)
+    saves, actions = kv_phases.begin(state.saves, [member], state.config.kv_caps, now,
+                                     swap.started + state.config.swap_budget)
+    swap = replace(swap, phase=Phase.SAVING, phase_started=now,
+                   durations=(*swap.durations, ("drain", now - swap.phase_started)),
+                   deferral=None, probe_in_flight=False)
+    return replace(state, swap=swap, saves=saves), list(actions)
+
+
 def _begin_unloading(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     swap = state.swap
     assert swap is not None
     durations = swap.durations
     if swap.phase is Phase.DRAINING:
         durations += (("drain", now - swap.phase_started),)
+    elif swap.phase is Phase.SAVING:
+        durations += (("save", now - swap.phase_started),)
     swap = replace(
         swap,
         phase=Phase.UNLOADING,
@@ -705,6 +817,7 @@ def _begin_unloading(state: PoolState, now: float) -> tuple[PoolState, list[Acti
         Scale(member, 0)
         for member in state.config.members
         if member != swap.to and (member == swap.from_ or observed.count(member) > 0)
+        and member not in state.saves  # scaled once its slots are saved
     ]
     actions.append(Scale(swap.to, 1))  # staged: its gate is lifted once Loading
     return replace(state, swap=swap), actions
@@ -758,6 +871,19 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
         return state, actions
     assert swap.scheduled_at is not None  # set above at the latest: a Ready pod was placed
     swap = replace(swap, durations=(*swap.durations, ("load", now - swap.scheduled_at)))
+    config = state.config
+    if config.restores(swap.to):
+        restores, restoring = kv_phases.begin(state.restores, [swap.to], config.kv_caps, now,
+                                         None, restore=True)
+        swap = replace(swap, phase=Phase.RESTORING, phase_started=now)
+        return replace(state, swap=swap, restores=restores), [*actions, *restoring]
+    state, more = _complete(replace(state, swap=swap), swap, now)
+    return state, actions + more
+
+
+def _complete(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Action]]:
+    """The target is Ready (and its slots restored): it is resident."""
+    actions: list[Action] = []
     duration = now - swap.started
     last = LastSwap(
         from_=swap.from_,
@@ -766,6 +892,7 @@ def _load(state: PoolState, swap: Swap, now: float) -> tuple[PoolState, list[Act
         start=swap.started,
         duration=duration,
         outcome=Outcome.SUCCEEDED,
+        phases=swap.durations,
     )
     message = f"{swap.to} is resident (from {swap.from_ or '(none)'}, {duration:.1f}s)"
     actions += [
@@ -790,6 +917,8 @@ def _abandon(state: PoolState, now: float) -> tuple[PoolState, list[Action]]:
     if swap.phase is Phase.DRAINING:
         why = swap.deferral.reason if swap.deferral else "draining"
         message = f"{swap.from_} not drained within swapBudget {budget:g}s ({why})"
+    elif swap.phase is Phase.SAVING:
+        message = f"{swap.from_}'s slots not saved within swapBudget {budget:g}s"
     elif swap.unschedulable is not None:
         message = (f"{swap.to} not Ready within swapBudget {budget:g}s "
                    f"({UNSCHEDULABLE}: {swap.unschedulable})")
@@ -827,7 +956,7 @@ def _end(
         message=message,
     )
     actions: list[Action] = []
-    if swap.phase is not Phase.DRAINING:
+    if swap.phase not in HOLDING:
         actions.append(Scale(swap.to, 0))
     request = state.request
     if (
@@ -846,7 +975,7 @@ def _end(
             RecordFailure(swap.to, reason),
         ]
     new = replace(state, swap=None, last_swap=last, answered=max(state.answered, answered or 0))
-    if swap.phase is not Phase.DRAINING:
+    if swap.phase not in HOLDING:
         new = replace(new, resident=None, resident_since=None)
     return new, actions
 
@@ -912,7 +1041,10 @@ def _activity_result(
         return replace(state, activity=activity), []
     message = (f"{event.member} served nothing for {idle_for:.0f}s (idleUnloadAfter "
                f"{after:g}s): unloaded, the pool is Cold until a request comes")
+    saves, saving = kv_phases.begin(state.saves, [event.member], state.config.kv_caps, now,
+                                    None)
     new = replace(state, resident=None, resident_since=None, activity=None,
-                  idle_unloaded=IdleUnload(event.member, now, idle_for))
-    return new, [Scale(event.member, 0), EmitEvent("Normal", IDLE_UNLOADED, message),
+                  idle_unloaded=IdleUnload(event.member, now, idle_for), saves=saves)
+    scale: list[Action] = [] if event.member in saves else [Scale(event.member, 0)]
+    return new, [*saving, *scale, EmitEvent("Normal", IDLE_UNLOADED, message),
                  RecordIdleUnload(event.member)]

@@ -44,7 +44,7 @@ SHUTTING_DOWN = "shutting_down"
 
 # A swap in these phases has begun unloading its incumbent: withdrawing no longer helps,
 # and the incumbent must not receive new requests.
-_PAST_DRAINING = frozenset({"Unloading", "Loading"})
+_PAST_DRAINING = frozenset({"Saving", "Unloading", "Loading", "Restoring"})
 _FAILED_OUTCOMES = frozenset({"Abandoned", "Failed"})
 _RECENT_SWAPS = 10
 _WRITE_BACKOFF_MAX = 10.0
@@ -71,6 +71,8 @@ class SwapProgress:
     stuck_on: str | None = None
     # A budgeted pool's load: the residents evicted (while Draining: to be evicted) for it.
     victims: tuple[str, ...] = ()
+    # The target's saved slots are restored once it is Ready: no early answer counts.
+    restores: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,13 +336,15 @@ def probe_wanted(state: PoolState) -> str | None:
                 x.to_member
                 for x in status.loads
                 if x.phase == "Loading"
+                and not x.restores
                 and x.to_member in state.limits.members
                 and x.to_member not in state.ready
                 and state.queues.get(x.to_member)
             ),
             None,
         )
-    if status is None or status.swap is None or status.swap.phase != "Loading":
+    if (status is None or status.swap is None or status.swap.phase != "Loading"
+            or status.swap.restores):
         return None
     member = status.swap.to_member
     if (
@@ -649,12 +653,13 @@ def _early_allowed(status: PoolStatus, member: str) -> bool:
     Loading (its incumbent's pods are gone), or resident with no swap running. In a
     budgeted pool: the target of any load in Loading, or a resident not being unloaded."""
     if status.residents is not None:
-        if any(x.to_member == member and x.phase == "Loading" for x in status.loads):
+        if any(x.to_member == member and x.phase == "Loading" and not x.restores
+               for x in status.loads):
             return True
         return member in status.residents and member not in _evicted(status)
     swap = status.swap
     if swap is not None:
-        return swap.to_member == member and swap.phase == "Loading"
+        return swap.to_member == member and swap.phase == "Loading" and not swap.restores
     return status.resident_member == member
 
 

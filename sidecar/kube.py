@@ -390,6 +390,7 @@ def _loads(raw: Any) -> tuple[SwapProgress, ...]:
                 str(x.get("phase") or ""),
                 None,
                 tuple(str(v) for v in victims) if isinstance(victims, list) else (),
+                x.get("restores") is True,
             )
         )
     return tuple(loads)
@@ -411,6 +412,7 @@ def _swap(raw: Any, conditions: Any) -> SwapProgress | None:
         generation if isinstance(generation, int) else None,
         str(raw.get("phase") or ""),
         _stuck_on(conditions),
+        restores=raw.get("restores") is True,
     )
 
 

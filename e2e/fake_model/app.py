@@ -533,9 +533,11 @@ async def slots(request: web.Request) -> web.Response:
     if request.app[STATE].idle_probe_fails:
         return _idle_fault()
     table = request.app[STATE].slots
+    n_ctx = _slot_context(request.app[STATE])
     listed: list[JsonObject] = []
     for slot in range(table.size):
-        entry: JsonObject = {"id": slot, "n_ctx": CONTEXT_SIZE, "is_processing": slot in table.busy}
+        # each slot's share of --ctx-size, as llama-server lists it
+        entry: JsonObject = {"id": slot, "n_ctx": n_ctx, "is_processing": slot in table.busy}
         if slot in table.task_of:
             entry["id_task"] = table.task_of[slot]
             entry["n_prompt_tokens"] = table.prompt_tokens.get(slot, 0)

@@ -178,3 +178,14 @@ def test_early_address_and_member_state() -> None:
     ready, _ = run(state, [(2, EndpointsObserved(frozenset({"gemma"})))])
     assert early_address(ready, "gemma") is None
     assert ready.early is None
+
+
+def test_a_target_whose_slots_are_restored_is_never_served_early() -> None:
+    assert LOADING.swap is not None
+    restoring = replace(LOADING, swap=replace(LOADING.swap, restores=True))
+    held, _ = run(pool(restoring, ready=GONE), [(0, Arrive(1, "gemma"))])
+    assert probe_wanted(held) is None  # no early answer would count
+    state, actions = run(held, [(1, EarlyReady("gemma", ADDRESS))])
+    assert not is_resident(state, "gemma") and early_address(state, "gemma") is None
+    assert [w.id for w in waiters(state)] == [1]
+    assert not any(isinstance(a, Admit) for a in actions)

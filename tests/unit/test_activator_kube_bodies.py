@@ -157,19 +157,21 @@ def test_parse_pool_reads_a_budgeted_pools_residents_and_loads() -> None:
             ],
             "loads": [
                 {"to": "phi", "generation": 7, "phase": "Draining", "victims": ["coder"]},
-                {"to": "qwen", "generation": None, "phase": "Loading", "victims": []},
+                {"to": "qwen", "generation": None, "phase": "Loading", "victims": [],
+                 "restores": True},
                 {"phase": "Loading"},  # no target: not a load
             ],
-            "swap": {"from": "coder", "to": "phi", "generation": 7, "phase": "Draining"},
+            "swap": {"from": "coder", "to": "phi", "generation": 7, "phase": "Saving",
+                     "restores": True},
         },
     }
     parsed = parse_pool(obj)
     assert parsed.residents == frozenset({"coder", "gemma"})
     assert parsed.loads == (
         SwapProgress("coder", "phi", 7, "Draining", None, ("coder",)),
-        SwapProgress(None, "qwen", None, "Loading"),
+        SwapProgress(None, "qwen", None, "Loading", restores=True),
     )
-    assert parsed.swap == SwapProgress("coder", "phi", 7, "Draining")
+    assert parsed.swap == SwapProgress("coder", "phi", 7, "Saving", restores=True)
     assert parsed.resident_member == "gemma"
     assert parsed.room_left == 4294967296
     assert parsed.footprints == {"coder": 8589934592, "gemma": 4294967296, "phi": 6442450944}

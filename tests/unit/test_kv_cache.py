@@ -3,9 +3,11 @@ arguments that change a KV cache, and when a manifest may be restored."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from reconciler import kv_cache
+from reconciler import kv_cache, kv_clean
 from reconciler.kv_cache import Caps, Identity, Manifest, Saved, Slot
 
 pytestmark = pytest.mark.unit
@@ -97,3 +99,46 @@ def test_the_restore_plan_puts_each_slot_back_where_it_fits() -> None:
                                         Saved(5, "c", 10, 1), Saved(2, "d", 0, 1)))
     slots = {i: Slot(i, 1024, False, None) for i in range(3)}
     assert [s.file for s in kv_cache.restore_plan(manifest, slots)] == ["a"]
+
+
+# Removing stale files before a member starts
+
+UID = "0123abcd-0000-4000-8000-000000000000"
+
+
+def _file(name: str, size: int = 10, mtime: float = 1000.0) -> kv_cache.OnDisk:
+    return kv_cache.OnDisk(name, size, mtime)
+
+
+@pytest.mark.parametrize(("files", "max_bytes", "gone"), [
+    # its own, fresh and within the cap: kept
+    ([_file("chat-0123abcd-deadbeef-slot0.bin")], None, []),
+    # an earlier member of the same name (another UID)
+    ([_file("chat-99999999-deadbeef-slot0.bin")], None, ["chat-99999999-deadbeef-slot0.bin"]),
+    # older than max_age (100 s)
+    ([_file("chat-0123abcd-deadbeef-slot0.bin", mtime=899.0)], None,
+     ["chat-0123abcd-deadbeef-slot0.bin"]),
+    # another member's, even one whose name starts with this one's, and other files
+    ([_file("chat-2-99999999-deadbeef-slot0.bin"), _file("other-99999999-deadbeef-slot0.bin"),
+      _file("chat-notes.txt", mtime=0.0)], None, []),
+    # past the size cap: the oldest go first
+    ([_file("chat-0123abcd-aaaaaaaa-slot0.bin", 60, 990.0),
+      _file("chat-0123abcd-bbbbbbbb-slot0.bin", 60, 995.0),
+      _file("chat-0123abcd-bbbbbbbb-slot1.bin", 30, 996.0)], 100,
+     ["chat-0123abcd-aaaaaaaa-slot0.bin"]),
+])
+def test_stale_files_are_the_members_own_that_no_restore_trusts(
+        files: list[kv_cache.OnDisk], max_bytes: int | None, gone: list[str]) -> None:
+    assert kv_cache.stale_files(files, "chat", UID, 1000.0, 100.0, max_bytes) == gone
+
+
+def test_kv_clean_removes_the_stale_files_and_never_fails(tmp_path: Path) -> None:
+    (tmp_path / "chat-99999999-deadbeef-slot0.bin").write_bytes(b"x")
+    (tmp_path / "chat-0123abcd-deadbeef-slot0.bin").write_bytes(b"x")
+    (tmp_path / "other-99999999-deadbeef-slot0.bin").write_bytes(b"x")
+    assert kv_clean.main(["--dir", str(tmp_path), "--member", "chat", "--uid", UID,
+                          "--max-age", "3600"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "chat-0123abcd-deadbeef-slot0.bin", "other-99999999-deadbeef-slot0.bin"]
+    assert kv_clean.main(["--dir", str(tmp_path / "absent"), "--member", "chat",
+                          "--uid", UID, "--max-age", "1"]) == 0

@@ -89,6 +89,12 @@ def test_rewrite_paths_only_as_prefixes(text: str, rewritten: str) -> None:
     assert rewrite_paths(text, MOUNTS) == rewritten
 
 
+def test_a_host_directory_put_in_is_not_rewritten_again() -> None:
+    mounts = [Mount("/var/lib/kv", "/tmp/node/claims/kv"), Mount("/tmp", "/state/vol/tmp")]
+    assert rewrite_paths("--slot-save-path /var/lib/kv/ /tmp/x", mounts) == (
+        "--slot-save-path /tmp/node/claims/kv/ /state/vol/tmp/x")
+
+
 FACTS = PodFacts(
     name="p",
     namespace="ns",

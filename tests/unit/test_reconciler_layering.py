@@ -18,8 +18,8 @@ pytestmark = pytest.mark.unit
 RECONCILER = Path(__file__).resolve().parents[2] / "reconciler"
 PURE = ("swap", "residency", "pool_status", "server_status", "router_status", "merge_patch",
         "objects", "conditions", "scheduling", "spec", "timefmt", "render", "router_config",
-        "idle", "quantity", "footprints", "kv_cache", "residency_status", "device_claim",
-        "vllm_share")
+        "idle", "quantity", "footprints", "kv_cache", "kv_phases", "residency_status",
+        "device_claim", "vllm_share")
 IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
 # The modules that call model servers; `__main__` builds their session.
 UPSTREAM = {"probes": {"idle", "swap"}, "kv_slots_io": {"kv_cache", "spec"}}
@@ -28,7 +28,7 @@ LAYERS = (
     {"__main__"},
     {"controller"},
     {"pools"},
-    {"servers", "routers", "prewarm"},
+    {"servers", "routers", "prewarm", "slot_saves"},
     {"context"},
     {"writes", "lookups"},
     {"settling"},

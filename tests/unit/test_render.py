@@ -96,7 +96,8 @@ def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 def test_server_kinds_and_names() -> None:
     objects = RENDERER.model_server(GEMMA, replicas=1, owner_uid=None)
-    assert [(o["apiVersion"], o["kind"]) for o in objects] == list(SERVER_KINDS)
+    # the claim of saved slots only with spec.kvCache.storageClassName
+    assert [(o["apiVersion"], o["kind"]) for o in objects] == list(SERVER_KINDS[:-1])
     assert {o["metadata"]["name"] for o in objects} == {"gemma"}
     assert {o["metadata"]["namespace"] for o in objects} == {"demo"}
 
@@ -225,6 +226,33 @@ def test_a_persisted_kv_cache_is_llama_servers_slot_save_path_on_its_claim() -> 
     text = json.dumps(_one(RENDERER.model_server(off, replicas=1, owner_uid=None),
                            "Deployment"))
     assert "slot-save-path" not in text and "kv-cache" not in text
+
+
+def test_a_storage_class_gets_a_claim_owned_by_the_server_and_named_for_it() -> None:
+    ms = replace(GEMMA, kv_cache=KvCache(persist=True, storage_class="fast",
+                                         storage_size=20 << 30))
+    objects = RENDERER.model_server(ms, replicas=1, owner_uid="u-1")
+    claim = _one(objects, "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "gemma-kv-cache"
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                             "resources": {"requests": {"storage": "20Gi"}}}
+    pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "kv-cache", "persistentVolumeClaim": {"claimName": "gemma-kv-cache"}} in pod[
+        "volumes"]
+    # its stale files removed before llama-server starts, by the product's image
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["modelpool-kv-clean"]
+    assert init["image"] == RENDERER.router_image
+    assert init["args"] == ["--dir", "/var/lib/modelpool/kv-cache", "--member", "gemma",
+                            "--uid", ms.uid, "--max-age", "86400"]
+    assert init["volumeMounts"] == [{"name": "kv-cache",
+                                     "mountPath": "/var/lib/modelpool/kv-cache"}]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    # a claim of the user's is never rendered
+    named = replace(GEMMA, kv_cache=KvCache(persist=True, pvc="gemma-kv"))
+    assert _by_kind(RENDERER.model_server(named, replicas=1, owner_uid="u-1"),
+                    "PersistentVolumeClaim") == []
 
 
 def test_storage_mounts() -> None:

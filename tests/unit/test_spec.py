@@ -383,6 +383,10 @@ def test_kv_cache_parses_with_its_defaults() -> None:
     ({"kvCache": {"persist": True, "pvc": "kv", "saveTimeout": "0s"}},
      "spec.kvCache.saveTimeout"),
     ({"kvCache": {"persist": "yes", "pvc": "kv"}}, "spec.kvCache.persist"),
+    ({"kvCache": {"persist": True, "pvc": "kv", "storageClassName": "fast"}},
+     "names both pvc and storageClassName"),
+    ({"kvCache": {"persist": True, "storageClassName": "fast", "storageSize": "0"}},
+     "spec.kvCache.storageSize"),
 ])
 def test_a_bad_kv_cache_names_what_is_wrong(spec: dict[str, Any], why: str) -> None:
     with pytest.raises(SpecError, match=re.escape(why)):

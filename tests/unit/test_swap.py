@@ -151,7 +151,8 @@ def test_an_idle_incumbent_is_unloaded_and_the_target_loads_only_once_its_pods_a
 
     state, actions = s.step(state, MembersObserved(pods(b=1)), 20.0)
     assert state.resident == "b" and state.swap is None
-    assert state.last_swap == s.LastSwap("a", "b", 1, 10.0, 10.0, Outcome.SUCCEEDED)
+    assert state.last_swap == s.LastSwap("a", "b", 1, 10.0, 10.0, Outcome.SUCCEEDED, phases=(
+        ("drain", 1.0), ("unload", 2.0), ("schedule", 7.0), ("load", 0.0)))
     [record] = kinds(actions, RecordSwap)
     assert dict(record.phases) == {"drain": 1.0, "unload": 2.0, "schedule": 7.0, "load": 0.0}
     assert EmitEvent("Normal", "SwapCompleted", "b is resident (from a, 10.0s)") in actions

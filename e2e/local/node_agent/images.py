@@ -49,6 +49,7 @@ def image_repository(image: str) -> str:
 PRODUCT_COMMANDS: Mapping[str, tuple[str, ...]] = {
     "modelpool-reconciler": ("-m", "reconciler"),
     "modelpool-router": ("-m", "sidecar"),
+    "modelpool-kv-clean": ("-m", "reconciler.kv_clean"),
 }
 
 

@@ -77,14 +77,19 @@ class Mount:
 
 def rewrite_paths(text: str, mounts: Sequence[Mount]) -> str:
     """Replace every mount path used as a path prefix (`/etc/cfg`, `/etc/cfg/a.json`,
-    `--config=/etc/cfg/a.json`) with its host directory. Longer mount paths win."""
+    `--config=/etc/cfg/a.json`) with its host directory. Longer mount paths win, and
+    the text is read once: a host directory put in is never rewritten again (one under
+    `/tmp` where `/tmp` is also a mount)."""
+    hosts: dict[str, str] = {}
     for mount in sorted(mounts, key=lambda m: len(m.container_path), reverse=True):
         prefix = mount.container_path.rstrip("/") or "/"
-        if prefix == "/":
-            continue
-        pattern = re.compile(r"(?<![\w.\-/])" + re.escape(prefix) + r"(?=/|$|[^\w.\-])")
-        text = pattern.sub(mount.host_path.replace("\\", "\\\\"), text)
-    return text
+        if prefix != "/":
+            hosts.setdefault(prefix, mount.host_path)
+    if not hosts:
+        return text
+    pattern = re.compile(r"(?<![\w.\-/])(" + "|".join(re.escape(p) for p in hosts)
+                         + r")(?=/|$|[^\w.\-])")
+    return pattern.sub(lambda m: hosts[m.group(1)], text)
 
 
 @dataclass(frozen=True)
