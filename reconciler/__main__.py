@@ -107,6 +107,8 @@ async def run(
 
 async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
                      stop: asyncio.Event, synced: asyncio.Event) -> None:
+    kube.on_request = lambda verb, resource: metrics.api_requests_total.labels(
+        verb, resource).inc()
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
     async with aiohttp.ClientSession() as session:
         probe = HttpIdleProbe(session, settings.swap.probe_timeout_seconds)

@@ -20,10 +20,9 @@ from reconciler.context import Context
 from reconciler.footprints import footprint_problem, footprints
 from reconciler.idle import idle_check
 from reconciler.logs import ObjectLogger
-from reconciler.objects import labels, meta, pod_active, pod_ready
+from reconciler.objects import meta, pod_ready
 from reconciler.prewarm import Prewarm
 from reconciler.probes import Reading
-from reconciler.render import LABEL_SERVER
 from reconciler.servers import ServerReconciler
 from reconciler.settling import WAITING_FOR_MEMBERS
 from reconciler.spec import DEFAULT_GPU_RESOURCE, ModelPoolSpec, ModelServerSpec, SpecError
@@ -330,10 +329,9 @@ class PoolReconciler:
         unschedulable: dict[str, str] = {}
         terminating: dict[str, int] = {}
         failing: dict[str, tuple[str, str]] = {}
-        for pod in self.ctx.stores.pods.items(namespace):
-            member = labels(pod).get(LABEL_SERVER) or ""
-            if member not in members or not pod_active(pod):
-                continue
+        member_pods = ((m, pod) for m in dict.fromkeys(members)
+                       for pod in self.ctx.lookups.active_pods_of(namespace, m))
+        for member, pod in member_pods:
             pods[member] = pods.get(member, 0) + 1
             if meta(pod).get("deletionTimestamp"):
                 terminating[member] = terminating.get(member, 0) + 1
