@@ -416,7 +416,7 @@ class IndexedCache(dict[CacheKey, dict[str, Any]]):
         super().__delitem__(key)
         self._unfile(key)
 
-    def pop(self, key: CacheKey, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, key: CacheKey, *default: Any) -> Any:
         if key not in self:
             return super().pop(key, *default)
         obj = super().pop(key)
