@@ -188,6 +188,7 @@ class Wave:
     seconds: list[float] = field(default_factory=list)
     cpu: float = 0.0
     requests: dict[str, float] = field(default_factory=dict)
+    routers_cpu: float = 0.0  # all routers together
     # the reconciler's seconds per swap phase, summed over the wave's swaps
     phases: dict[str, float] = field(default_factory=dict)
     failed: int = 0
@@ -405,9 +406,11 @@ class Bench:
         wave = Wave(len(pools))
         pid = self.reconciler_pid
         cpu, (requests, phases) = cpu_seconds(pid), await self.scrape()
+        routers_cpu = self.routers_cpu()
         results = await asyncio.gather(*(self.swap(p) for p in pools), return_exceptions=True)
         await asyncio.sleep(1.0)  # the status writes that follow a swap's completion
         wave.cpu = cpu_seconds(pid) - cpu
+        wave.routers_cpu = self.routers_cpu() - routers_cpu
         requests_after, phases_after = await self.scrape()
         wave.requests = minus(requests_after, requests)
         wave.phases = minus(phases_after, phases)
@@ -521,6 +524,9 @@ class Bench:
                                       minus(after, before).items()}
         log(f"{self.routers} routers ready; watches per router {self.result.router_watches}")
 
+    def routers_cpu(self) -> float:
+        return sum(cpu_seconds(pid) for pid in self.router_pids)
+
     def router_memory(self) -> None:
         self.result.router_rss_mb = [rss_mb(pid) for pid in self.router_pids]
 
@@ -608,6 +614,10 @@ def per_swap(waves: Sequence[Wave]) -> tuple[float, dict[str, float]]:
     return sum(w.cpu for w in waves) / swaps, {v: n / swaps for v, n in requests.items()}
 
 
+def swaps_of(waves: Sequence[Wave]) -> int:
+    return sum(len(w.seconds) for w in waves)
+
+
 def by_concurrency(waves: Sequence[Wave]) -> dict[int, list[float]]:
     found: dict[int, list[float]] = {}
     for w in waves:
@@ -637,6 +647,8 @@ def report(results: Sequence[SizeResult]) -> str:
             f"(writes {writes_of(r.idle_requests_per_minute):.1f})",
             f"per swap: CPU {cpu * 1000:.0f} ms; requests {fmt_verbs(by_verb(requests))}",
             f"  by resource: {fmt_verbs(requests)}",
+            f"  all routers' CPU per swap: "
+            f"{sum(w.routers_cpu for w in r.waves) / max(1, swaps_of(r.waves)) * 1000:.0f} ms",
         ]
         for c, values in sorted(seconds.items()):
             waves = [w for w in r.waves if w.concurrency == c]
