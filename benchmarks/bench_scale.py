@@ -214,6 +214,9 @@ class SizeResult:
     router_watches: dict[str, float] = field(default_factory=dict)
     reconciler_watches: dict[str, float] = field(default_factory=dict)
     probes_per_pod: float = 0.0
+    scrape_cpu: float = 0.0  # the reconciler's CPU seconds for one scrape of its /metrics
+    # the waits each control-plane client logged for its own client-side rate limit
+    throttled: dict[str, int] = field(default_factory=dict)
 
 
 # --- the run ---
@@ -231,6 +234,7 @@ class Bench:
         self.kube: k.Kube | None = None
         self.standin = StandIn()
         self.metrics_port = 0
+        self.profiled = False
         self.router_pids: list[int] = []
         self.pool_cache: k.Informer | None = None
         self.changed = asyncio.Event()
@@ -303,8 +307,14 @@ class Bench:
         assert self.cluster is not None
         self.metrics_port = free_port()
         layout = self.cluster.layout
+        profile: list[str] = []
+        if self.args.profile is not None and not self.profiled:
+            # the first run of the reconciler, to its SIGTERM: setup, idle and the swaps
+            self.profiled = True
+            profile = ["-m", "cProfile", "-o", str(self.args.profile.resolve()
+                                                   / f"reconciler-{self.pools}.prof")]
         return processes.start(
-            [sys.executable, "-m", "reconciler", "--namespace", NAMESPACE,
+            [sys.executable, *profile, "-m", "reconciler", "--namespace", NAMESPACE,
              f"--kubeconfig={self.cluster.kubeconfig}", f"--metrics-port={self.metrics_port}",
              "--log-level=WARNING"],
             layout.pid(RECONCILER), layout.log(RECONCILER),
@@ -405,8 +415,9 @@ class Bench:
     async def wave(self, pools: Sequence[int]) -> Wave:
         wave = Wave(len(pools))
         pid = self.reconciler_pid
-        cpu, (requests, phases) = cpu_seconds(pid), await self.scrape()
-        routers_cpu = self.routers_cpu()
+        # the scrapes of /metrics stay out of the CPU measured (`scrape_cpu` is theirs)
+        requests, phases = await self.scrape()
+        cpu, routers_cpu = cpu_seconds(pid), self.routers_cpu()
         results = await asyncio.gather(*(self.swap(p) for p in pools), return_exceptions=True)
         await asyncio.sleep(1.0)  # the status writes that follow a swap's completion
         wave.cpu = cpu_seconds(pid) - cpu
@@ -427,11 +438,13 @@ class Bench:
     async def idle(self) -> None:
         await asyncio.sleep(self.args.settle)
         pid = self.reconciler_pid
-        cpu, requests, started = cpu_seconds(pid), await self.reconciler_requests(), \
-            time.monotonic()
+        before = cpu_seconds(pid)
+        requests = await self.reconciler_requests()
+        r = self.result
+        r.scrape_cpu = cpu_seconds(pid) - before  # one scrape of /metrics (all samples)
+        cpu, started = cpu_seconds(pid), time.monotonic()
         await asyncio.sleep(self.args.idle)
         elapsed = time.monotonic() - started
-        r = self.result
         r.idle_seconds = elapsed
         r.idle_cpu_share = (cpu_seconds(pid) - cpu) / elapsed
         r.idle_requests_per_minute = {
@@ -444,9 +457,9 @@ class Bench:
     async def swaps(self) -> None:
         exclusive = [p for p in range(self.pools) if p not in set(self.budget_pools)]
         cursor = 0
-        for concurrency in self.args.concurrency:
-            if concurrency > len(exclusive):
-                continue
+        # a level above the exclusive pools' count swaps them all at once
+        levels = sorted({min(c, len(exclusive)) for c in self.args.concurrency} - {0})
+        for concurrency in levels:
             waves = self.args.lone_waves if concurrency == 1 else self.args.waves
             for _ in range(waves):
                 chosen = [exclusive[(cursor + i) % len(exclusive)] for i in range(concurrency)]
@@ -524,6 +537,15 @@ class Bench:
                                       minus(after, before).items()}
         log(f"{self.routers} routers ready; watches per router {self.result.router_watches}")
 
+    def throttled(self) -> dict[str, int]:
+        assert self.cluster is not None
+        found = {}
+        for name in ("kube-controller-manager", "kube-scheduler", testbed.KWOK):
+            with contextlib.suppress(OSError):
+                text = self.cluster.layout.log(name).read_text(errors="replace")
+                found[name] = text.count("client-side throttling")
+        return found
+
     def routers_cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.router_pids)
 
@@ -540,6 +562,7 @@ class Bench:
             await self.idle()
             await self.swaps()
             self.router_memory()
+            self.result.throttled = self.throttled()
             self.result.peak_rss_mb = rss_mb(self.reconciler_pid, "VmHWM")
             await self.restart_reconciler()
             await self.restart_apiserver()
@@ -643,6 +666,7 @@ def report(results: Sequence[SizeResult]) -> str:
             f"setup to all Ready: {r.setup_seconds:.0f}s",
             f"reconciler idle: {r.idle_cpu_share * 100:.2f}% of a core; "
             f"RSS {r.rss_mb:.0f} MB (peak {r.peak_rss_mb:.0f} MB)",
+            f"one scrape of the reconciler's /metrics: {r.scrape_cpu * 1000:.0f} ms of CPU",
             f"API requests/min at idle: {fmt_verbs(by_verb(r.idle_requests_per_minute))} "
             f"(writes {writes_of(r.idle_requests_per_minute):.1f})",
             f"per swap: CPU {cpu * 1000:.0f} ms; requests {fmt_verbs(by_verb(requests))}",
@@ -679,6 +703,7 @@ def report(results: Sequence[SizeResult]) -> str:
             f"{max(rss):.0f} MB; watches per router {fmt_verbs(r.router_watches)}",
             f"reconciler watches: {fmt_verbs(r.reconciler_watches)}",
             f"stand-in: {r.probes_per_pod:.1f} requests per probed pod address",
+            f"client-side throttling logged: {fmt_verbs(r.throttled)}",
             "",
         ]
     return "\n".join(lines)
@@ -697,6 +722,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--settle", type=float, default=15.0,
                    help="seconds waited before the idle window")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="run the reconciler under cProfile until its restart; the profile "
+                        "goes to this directory")
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in str(args.sizes).split(",")]
