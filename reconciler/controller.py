@@ -69,7 +69,8 @@ class Controller:
         it, and may be serving before this controller exists)."""
         self.settings = settings
         self.metrics = metrics
-        self.queue: WorkQueue[Key] = WorkQueue()
+        # A pool's swap steps go ahead of servers' and routers' status (`reconciler.workqueue`).
+        self.queue: WorkQueue[Key] = WorkQueue(urgent=lambda key: key.kind == POOL)
         ns = settings.namespace
         self.servers = k.Informer(kube, k.MODEL_SERVERS, ns, self._on_server)
         self.pools = k.Informer(kube, k.MODEL_POOLS, ns, self._on_pool, indexers=POOL_INDEXERS)
