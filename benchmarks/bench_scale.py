@@ -517,9 +517,7 @@ class Bench:
         ready = []
         for r in range(self.routers):
             name = f"r{r:02d}"
-            cm = await self.kube.get(k.CONFIG_MAPS, NAMESPACE, f"{name}-config")
-            if cm is None:
-                raise RuntimeError(f"the reconciler rendered no ConfigMap for router {name}")
+            cm = await self.rendered_config(name)
             path = configs / f"{name}.json"
             path.write_text(cm["data"]["config.json"])
             metrics = free_port()
@@ -545,6 +543,18 @@ class Bench:
                 text = self.cluster.layout.log(name).read_text(errors="replace")
                 found[name] = text.count("client-side throttling")
         return found
+
+    async def rendered_config(self, router: str, within: float = 600.0) -> dict[str, Any]:
+        """The ConfigMap the reconciler rendered for `router`, once it has (the routers'
+        reconciles come after the pools' and servers' at the start)."""
+        assert self.kube is not None
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            cm = await self.kube.get(k.CONFIG_MAPS, NAMESPACE, f"{router}-config")
+            if cm is not None:
+                return cm
+            await asyncio.sleep(1.0)
+        raise RuntimeError(f"the reconciler rendered no ConfigMap for router {router}")
 
     def routers_cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.router_pids)
