@@ -618,8 +618,10 @@ def free_port() -> int:
 
 
 async def get_text(url: str) -> str:
+    # a scrape of the reconciler's /metrics at 500 pools took more than 10 s on a loaded
+    # 2-core machine (about 126 samples a pool)
     async with aiohttp.ClientSession() as session, session.get(
-            url, timeout=aiohttp.ClientTimeout(total=10)) as response:
+            url, timeout=aiohttp.ClientTimeout(total=120)) as response:
         return await response.text()
 
 
