@@ -109,6 +109,8 @@ async def run(
 
 async def _reconcile(settings: Settings, kube: Kube, metrics: ReconcilerMetrics,
                      stop: asyncio.Event, synced: asyncio.Event) -> None:
+    kube.on_request = lambda verb, resource: metrics.api_requests_total.labels(
+        verb, resource).inc()
     elector = LeaderElector(kube, settings.leader) if settings.leader.enabled else None
     claims_served = device_claim.claims_served(
         await kube.discover(device_claim.GROUP_VERSION))

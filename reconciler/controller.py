@@ -36,7 +36,19 @@ from reconciler.servers import ServerReconciler
 from reconciler.settings import Settings
 from reconciler.settling import Settling
 from reconciler.spec import KV_CLAIM_SUFFIX, SpecError
-from reconciler.stores import MANAGED, POOL, ROUTER, SERVER, Key, Result, Stores
+from reconciler.stores import (
+    MANAGED,
+    OWNED_INDEXERS,
+    POOL,
+    POOL_INDEXERS,
+    ROUTER,
+    ROUTER_INDEXERS,
+    SERVER,
+    Key,
+    Result,
+    Stores,
+    pool_members,
+)
 from reconciler.workqueue import QueueShutDown, WorkQueue
 from reconciler.writes import Writer
 
@@ -65,12 +77,18 @@ class Controller:
         server serves them but this reconciler may not read them."""
         self.settings = settings
         self.metrics = metrics
-        self.queue: WorkQueue[Key] = WorkQueue()
+        # A pool's swap steps go ahead of servers' and routers' status (`reconciler.workqueue`).
+        self.queue: WorkQueue[Key] = WorkQueue(urgent=lambda key: key.kind == POOL)
         ns = settings.namespace
         self.servers = k.Informer(kube, k.MODEL_SERVERS, ns, self._on_server)
-        self.pools = k.Informer(kube, k.MODEL_POOLS, ns, self._on_pool)
-        self.routers = k.Informer(kube, k.MODEL_ROUTERS, ns, self._on_router)
-        self.deployments = k.Informer(kube, k.DEPLOYMENTS, ns, self._on_deployment, MANAGED)
+        self.pools = k.Informer(kube, k.MODEL_POOLS, ns, self._on_pool, indexers=POOL_INDEXERS)
+        self.routers = k.Informer(kube, k.MODEL_ROUTERS, ns, self._on_router,
+                                  indexers=ROUTER_INDEXERS)
+
+        def owned(resource: k.Resource, on_change: k.OnChange) -> k.Informer:
+            return k.Informer(kube, resource, ns, on_change, MANAGED, indexers=OWNED_INDEXERS)
+
+        self.deployments = owned(k.DEPLOYMENTS, self._on_deployment)
         # A router's identity and RBAC are cached like the rest, so a router reconciled
         # again applies them only when they differ from what runs.
         stores = Stores(
@@ -78,20 +96,21 @@ class Controller:
             pools=self.pools,
             routers=self.routers,
             deployments=self.deployments,
-            services=k.Informer(kube, k.SERVICES, ns, self._on_owned, MANAGED),
-            config_maps=k.Informer(kube, k.CONFIG_MAPS, ns, self._on_owned, MANAGED),
-            service_accounts=k.Informer(kube, k.SERVICE_ACCOUNTS, ns, self._on_owned, MANAGED),
-            roles=k.Informer(kube, k.ROLES, ns, self._on_owned, MANAGED),
-            role_bindings=k.Informer(kube, k.ROLE_BINDINGS, ns, self._on_owned, MANAGED),
-            network_policies=k.Informer(kube, k.NETWORK_POLICIES, ns, self._on_owned,
-                                        MANAGED),
-            pods=k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER),
+            services=owned(k.SERVICES, self._on_owned),
+            config_maps=owned(k.CONFIG_MAPS, self._on_owned),
+            service_accounts=owned(k.SERVICE_ACCOUNTS, self._on_owned),
+            roles=owned(k.ROLES, self._on_owned),
+            role_bindings=owned(k.ROLE_BINDINGS, self._on_owned),
+            network_policies=owned(k.NETWORK_POLICIES, self._on_owned),
+            pods=k.Informer(kube, k.PODS, ns, self._on_pod, LABEL_SERVER,
+                            indexers=OWNED_INDEXERS),
             **({
-                "claims": k.Informer(kube, k.RESOURCE_CLAIMS, ns, self._on_claim, MANAGED),
+                "claims": owned(k.RESOURCE_CLAIMS, self._on_claim),
                 "slices": k.Informer(kube, k.RESOURCE_SLICES, None, self._on_devices),
                 "device_classes": k.Informer(kube, k.DEVICE_CLASSES, None, self._on_devices),
             } if claims_served else {}),
-            volume_claims=k.Informer(kube, k.VOLUME_CLAIMS, ns, self._on_volume_claim),
+            volume_claims=k.Informer(kube, k.VOLUME_CLAIMS, ns, self._on_volume_claim,
+                                     indexers=OWNED_INDEXERS),
         )
         self.pods = stores.pods
         self.informers = stores.all()
@@ -116,6 +135,8 @@ class Controller:
         self._generations: dict[tuple[str, str, str], Any] = {}
         # The servers each router names, by (namespace, router): see `_on_router`.
         self._router_refs: dict[tuple[str, str], set[str]] = {}
+        # The members each pool named when last seen, by (namespace, pool): see `_on_pool`.
+        self._pool_members: dict[tuple[str, str], set[str]] = {}
         self.ready = ready if ready is not None else asyncio.Event()
 
     # Watch events to keys
@@ -160,14 +181,19 @@ class Controller:
             # routers and other pools read the spec. During a swap this keeps the
             # reconciler from re-rendering every member and router on each status write.
             return
-        # membership decides other pools' validity (a member in two pools) and routers' config
-        for other in self.pools.items(ns):
-            self._add(POOL, ns, meta(other)["name"])
-        members = [m.get("name") for m in (obj.get("spec") or {}).get("members") or []]
-        for member in members:
-            if member:
-                self._add(SERVER, ns, member)
-        for router in self.lookups.routers_of(ns, [m for m in members if m]):
+        # Membership decides the validity of the pools that share a member with this one,
+        # now or before (a member in two pools), and the config of the routers that front
+        # them; no other pool reads this one, so no other pool is woken.
+        members = set(pool_members(obj))
+        before = self._pool_members.pop((ns, name), set())
+        if type_ != "DELETED":
+            self._pool_members[(ns, name)] = members
+        for member in sorted(members | before):
+            for other in self.lookups.pools_of(ns, member):
+                self._add(POOL, ns, other)
+        for member in sorted(members):
+            self._add(SERVER, ns, member)
+        for router in self.lookups.routers_of(ns, sorted(members | before)):
             self._add(ROUTER, ns, router)
 
     def _on_router(self, type_: str, obj: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,12 +144,32 @@ def _translate(e: Exception, what: str) -> Exception:
     return e
 
 
+def verb_of(method: str, name: str | None, content_type: str) -> str:
+    """The Kubernetes verb of one request, as the API server's own metrics name it."""
+    if method == "GET":
+        return "get" if name else "list"
+    if method == "PATCH" and content_type == "application/apply-patch+yaml":
+        return "apply"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        method, method.lower())
+
+
+# Told of every request sent: (verb, resource), the resource as `plural` or `plural/sub`.
+OnRequest = Callable[[str, str], None]
+
+
 class Kube:
     """Typed calls on one kr8s `Api` (injected; see `connect`)."""
 
     def __init__(self, api: Any) -> None:
         self.api = api
         self._client = Client(api, _refused, _translate)
+        # Counts what is sent (the reconciler's requests metric); set once, at the start.
+        self.on_request: OnRequest | None = None
+
+    def _count(self, verb: str, resource: Resource, sub: str | None = None) -> None:
+        if self.on_request is not None:
+            self.on_request(verb, f"{resource.plural}/{sub}" if sub else resource.plural)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
@@ -169,6 +189,7 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         what = f"{method} {resource.url(name, sub)} in {namespace or '(cluster)'}"
+        self._count(verb_of(method, name, content_type), resource, sub)
         data = await self._client.json(
             what,
             method,
@@ -240,6 +261,7 @@ class Kube:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) from `resource_version` on, bookmarks included, until the server
         ends the watch; raises Gone when that version is too old."""
+        self._count("watch", resource)
         events = self._client.events(
             f"watch {resource.plural} {namespace or '(all)'}",
             version=resource.api_version,
@@ -382,6 +404,69 @@ def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 OnChange = Callable[[str, dict[str, Any]], Awaitable[None] | None]
+# The values an object is found by in one index (a label's value, a pool's member names).
+Indexer = Callable[[Mapping[str, Any]], Iterable[str]]
+CacheKey = tuple[str, str]
+
+
+def label_indexer(label: str) -> Indexer:
+    """Index objects by the value of one label."""
+    def values(obj: Mapping[str, Any]) -> Iterable[str]:
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+        return (value,) if isinstance(value, str) and value else ()
+    return values
+
+
+class IndexedCache(dict[CacheKey, dict[str, Any]]):
+    """A watch cache, by (namespace, name), that also finds objects by index value without
+    scanning: what one object's reconcile reads of the others costs the same however many
+    there are. Every write of the dict keeps the indexes (tests write it directly too)."""
+
+    def __init__(self, indexers: Mapping[str, Indexer],
+                 items: Iterable[tuple[CacheKey, dict[str, Any]]] = ()) -> None:
+        super().__init__()
+        self._indexers = dict(indexers)
+        # index -> (namespace, value) -> keys, and index -> key -> the values it was filed under
+        self._index: dict[str, dict[tuple[str, str], set[CacheKey]]] = {
+            name: {} for name in self._indexers}
+        self._filed: dict[str, dict[CacheKey, tuple[str, ...]]] = {
+            name: {} for name in self._indexers}
+        for key, obj in items:
+            self[key] = obj
+
+    def __setitem__(self, key: CacheKey, obj: dict[str, Any]) -> None:
+        self._unfile(key)
+        super().__setitem__(key, obj)
+        for name, indexer in self._indexers.items():
+            values = tuple(sorted(set(indexer(obj))))
+            self._filed[name][key] = values
+            for value in values:
+                self._index[name].setdefault((key[0], value), set()).add(key)
+
+    def __delitem__(self, key: CacheKey) -> None:
+        super().__delitem__(key)
+        self._unfile(key)
+
+    def pop(self, key: CacheKey, *default: Any) -> Any:
+        if key not in self:
+            return super().pop(key, *default)
+        obj = super().pop(key)
+        self._unfile(key)
+        return obj
+
+    def _unfile(self, key: CacheKey) -> None:
+        for name, filed in self._filed.items():
+            for value in filed.pop(key, ()):
+                keys = self._index[name].get((key[0], value))
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._index[name][(key[0], value)]
+
+    def indexed(self, index: str, namespace: str, value: str) -> list[dict[str, Any]]:
+        """The objects of `namespace` filed under `value` in `index`, by name."""
+        keys = self._index[index].get((namespace, value), ())
+        return [dict.__getitem__(self, k) for k in sorted(keys)]
 
 
 MAX_TOMBSTONES = 4096
@@ -404,13 +489,15 @@ class Informer:
         namespace: str | None,
         on_change: OnChange,
         label_selector: str | None = None,
+        indexers: Mapping[str, Indexer] | None = None,
     ) -> None:
         self.kube = kube
         self.resource = resource
         self.namespace = namespace
         self.label_selector = label_selector
         self.on_change = on_change
-        self.cache: dict[tuple[str, str], dict[str, Any]] = {}
+        self._indexers = dict(indexers or {})
+        self.cache = IndexedCache(self._indexers)
         self.synced = asyncio.Event()
         # Where the cache last learnt a key was absent: the resourceVersion of its DELETED
         # event, else that of the last list (`_floor`). A write of ours that was answered
@@ -423,6 +510,10 @@ class Informer:
 
     def items(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return [o for (ns, _), o in self.cache.items() if namespace is None or ns == namespace]
+
+    def indexed(self, index: str, namespace: str, value: str) -> list[dict[str, Any]]:
+        """The objects of `namespace` that `index` files under `value` (no scan)."""
+        return self.cache.indexed(index, namespace, value)
 
     def update(self, obj: dict[str, Any]) -> None:
         """Put an object we just wrote into the cache, unless the cache has a newer one or
@@ -482,7 +573,7 @@ class Informer:
         await self._emit(change.type, obj)
 
     async def _listed(self, listed: watch.Listed) -> None:
-        fresh = {key_of(o): o for o in listed.items}
+        fresh = IndexedCache(self._indexers, ((key_of(o), o) for o in listed.items))
         gone = [o for k, o in self.cache.items() if k not in fresh]
         self.cache = fresh
         self._gone.clear()

@@ -1,7 +1,9 @@
 """The questions one kind asks about another, answered from the watch caches: which
 pools hold a server, which routers front it, which pods are a server's, what a claim pool
 knows of its device. The reconcilers and the mapping of watch events to keys ask them
-alike."""
+alike. Each is answered from an index of its cache (`reconciler.stores`), never by a
+scan: what one object's reconcile or watch event costs does not grow with the number of
+other objects in the namespace."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from reconciler import device_claim as dc
-from reconciler.objects import labels, meta, pod_active
+from reconciler.objects import meta, pod_active
 from reconciler.render import LABEL_SERVER
 from reconciler.spec import ModelPoolSpec
-from reconciler.stores import Stores
+from reconciler.stores import BACKEND, MEMBER, Stores
 
 
 class Lookups:
@@ -21,11 +23,7 @@ class Lookups:
 
     def pools_of(self, namespace: str, server: str) -> list[str]:
         """The pools that name `server` among their members."""
-        return [
-            meta(p)["name"]
-            for p in self.stores.pools.items(namespace)
-            if any(m.get("name") == server for m in (p.get("spec") or {}).get("members") or [])
-        ]
+        return [meta(p)["name"] for p in self.stores.pools.indexed(MEMBER, namespace, server)]
 
     def pool_for(self, namespace: str, server: str) -> tuple[str | None, bool]:
         """(the pool holding `server`, whether membership is ambiguous)."""
@@ -36,20 +34,17 @@ class Lookups:
 
     def routers_of(self, namespace: str, servers: Sequence[str]) -> list[str]:
         """The routers with a backend on any of `servers`."""
-        found = []
-        for r in self.stores.routers.items(namespace):
-            refs = {
-                (b.get("modelServerRef") or {}).get("name")
-                for b in (r.get("spec") or {}).get("backends") or []
-            }
-            if refs & set(servers):
-                found.append(meta(r)["name"])
-        return found
+        found = {meta(r)["name"] for s in set(servers)
+                 for r in self.stores.routers.indexed(BACKEND, namespace, s)}
+        return sorted(found)
+
+    def pods_of(self, namespace: str, server: str) -> list[dict[str, Any]]:
+        """The pods of `server`, by name."""
+        return self.stores.pods.indexed(LABEL_SERVER, namespace, server)
 
     def active_pods_of(self, namespace: str, server: str) -> list[dict[str, Any]]:
         """The pods of `server` that may still hold a GPU (terminating ones too)."""
-        return [p for p in self.stores.pods.items(namespace)
-                if labels(p).get(LABEL_SERVER) == server and pod_active(p)]
+        return [p for p in self.pods_of(namespace, server) if pod_active(p)]
 
     def device_of(self, pool: ModelPoolSpec) -> dc.Device | None:
         """A claim pool's device: its ResourceClaim, the device allocated to it and the

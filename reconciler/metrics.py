@@ -111,6 +111,13 @@ class ReconcilerMetrics:
             ["verb", "resource"],
             registry=registry,
         )
+        self.api_requests_total = Counter(
+            PREFIX + "reconciler_api_requests_total",
+            "Requests the reconciler sent to the API server (reads, watches and writes), by "
+            "verb and resource.",
+            ["verb", "resource"],
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             PREFIX + "reconciler_queue_depth",
             "Keys waiting in the work queue.",

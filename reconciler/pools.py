@@ -29,10 +29,10 @@ from reconciler.kv_phases import (
     SaveSlots,
 )
 from reconciler.logs import ObjectLogger
-from reconciler.objects import labels, meta, pod_active, pod_ready
+from reconciler.objects import meta, pod_ready
 from reconciler.prewarm import Prewarm
 from reconciler.probes import Reading
-from reconciler.render import LABEL_POOL, LABEL_SERVER, POOL_KINDS
+from reconciler.render import LABEL_POOL, POOL_KINDS
 from reconciler.servers import ServerReconciler
 from reconciler.settling import WAITING_FOR_MEMBERS
 from reconciler.slot_saves import SlotSaves, saved_members
@@ -400,10 +400,9 @@ class PoolReconciler:
         unschedulable: dict[str, str] = {}
         terminating: dict[str, int] = {}
         failing: dict[str, tuple[str, str]] = {}
-        for pod in self.ctx.stores.pods.items(namespace):
-            member = labels(pod).get(LABEL_SERVER) or ""
-            if member not in members or not pod_active(pod):
-                continue
+        member_pods = ((m, pod) for m in dict.fromkeys(members)
+                       for pod in self.ctx.lookups.active_pods_of(namespace, m))
+        for member, pod in member_pods:
             pods[member] = pods.get(member, 0) + 1
             if meta(pod).get("deletionTimestamp"):
                 terminating[member] = terminating.get(member, 0) + 1

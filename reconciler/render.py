@@ -105,6 +105,9 @@ _SERVER_TEMPLATES = (
 )
 _PREWARM_TEMPLATE = "model-server/prewarm-pod.yaml.j2"
 _CLAIM_TEMPLATE = "model-pool/resourceclaim.yaml.j2"
+# libyaml's safe loader where PyYAML was built with it: the same documents as the pure
+# Python one, parsed about ten times faster (rendering is most of a reconcile's CPU).
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 LABEL_PREWARM = "modelpool.dev/prewarm-for"
 _ROUTER_TEMPLATES = (
     "router/serviceaccount.yaml.j2",
@@ -215,7 +218,7 @@ class Renderer:
         for name in names:
             text = self._templates[name].render(context)
             try:
-                docs = list(yaml.safe_load_all(text))
+                docs = list(yaml.load_all(text, Loader=_SAFE_LOADER))
             except yaml.YAMLError as e:
                 raise RenderError(f"template {name} printed invalid YAML: {e}") from e
             for doc in docs:

@@ -42,15 +42,23 @@ class RouterReconciler:
         logger = writer.logger(body, log)
         try:
             spec = ModelRouterSpec.from_body(body)
+            # Only what the router's config reads: the servers its backends name and the
+            # pools that hold them (a router's reconcile costs the same however many other
+            # servers and pools share its namespace).
             servers = {}
-            for obj in ctx.stores.servers.items(namespace):
-                with contextlib.suppress(SpecError):
-                    server = ModelServerSpec.from_body(obj)
-                    servers[server.name] = server
+            pool_names: set[str] = set()
+            for ref in spec.model_server_refs:
+                obj = ctx.stores.servers.get(namespace, ref)
+                if obj is not None:
+                    with contextlib.suppress(SpecError):
+                        servers[ref] = ModelServerSpec.from_body(obj)
+                pool_names.update(ctx.lookups.pools_of(namespace, ref))
             pools = []
-            for obj in ctx.stores.pools.items(namespace):
-                with contextlib.suppress(SpecError):
-                    pools.append(ModelPoolSpec.from_body(obj))
+            for pool_name in sorted(pool_names):
+                obj = ctx.stores.pools.get(namespace, pool_name)
+                if obj is not None:
+                    with contextlib.suppress(SpecError):
+                        pools.append(ModelPoolSpec.from_body(obj))
             objects = ctx.renderer.router(spec, servers=servers, pools=pools,
                                           owner_uid=m.get("uid"))
         except MissingServer as e:

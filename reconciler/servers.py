@@ -13,7 +13,7 @@ from typing import Any
 from reconciler import device_claim as dc
 from reconciler.context import Context
 from reconciler.footprints import footprints
-from reconciler.objects import labels, meta
+from reconciler.objects import meta
 from reconciler.render import LABEL_SERVER, SERVER_KINDS
 from reconciler.server_status import server_status
 from reconciler.spec import ModelPoolSpec, ModelServerSpec, SpecError
@@ -83,8 +83,7 @@ class ServerReconciler:
         await writer.apply_for(body, logger, objects)
         await writer.prune(SERVER_KINDS, namespace, (LABEL_SERVER, name), m.get("uid"),
                            {(str(o["kind"]), str(o["metadata"]["name"])) for o in objects})
-        pods = [p for p in ctx.stores.pods.items(namespace)
-                if labels(p).get(LABEL_SERVER) == name]
+        pods = ctx.lookups.pods_of(namespace, name)
         status = server_status(spec, replicas, pool, ambiguous, pods,
                                ctx.stores.deployments.get(namespace, name) or {},
                                body.get("status"), ctx.clock())

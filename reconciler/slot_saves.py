@@ -23,8 +23,7 @@ from reconciler import kv_slots_io as io
 from reconciler.context import Context
 from reconciler.kv_phases import RestoreResult, RestoreSlots, SaveResult, SaveSlots
 from reconciler.logs import ObjectLogger
-from reconciler.objects import labels, meta, pod_active
-from reconciler.render import LABEL_SERVER
+from reconciler.objects import meta, pod_active
 from reconciler.spec import KvCache, ModelServerSpec, SpecError
 
 log = logging.getLogger(__name__)
@@ -84,10 +83,9 @@ class SlotSaves:
         kv = spec.kv_cache
         if kv is None or not kv.persist:
             return None
-        for pod in self.ctx.stores.pods.items(namespace):
+        for pod in self.ctx.lookups.pods_of(namespace, member):
             ip = (pod.get("status") or {}).get("podIP")
-            if (labels(pod).get(LABEL_SERVER) == member and pod_active(pod) and ip
-                    and not meta(pod).get("deletionTimestamp")):
+            if pod_active(pod) and ip and not meta(pod).get("deletionTimestamp"):
                 return body, spec, kv, (str(ip), spec.port)
         return None
 

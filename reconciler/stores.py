@@ -4,15 +4,45 @@ result of one reconcile, and the caches the watches keep current (one per resour
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from reconciler import kube as k
-from reconciler.render import MANAGED_BY
+from reconciler.render import LABEL_POOL, LABEL_ROUTER, LABEL_SERVER, MANAGED_BY
 
 SERVER = "ModelServer"
 POOL = "ModelPool"
 ROUTER = "ModelRouter"
 MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+
+# The indexes of the caches: a pool by its members' names, a router by the ModelServers its
+# backends name, and what the reconciler rendered (and the pods of it) by the server,
+# router or pool label it carries.
+MEMBER = "member"
+BACKEND = "backend"
+
+
+def pool_members(obj: Mapping[str, Any]) -> Iterable[str]:
+    members = (obj.get("spec") or {}).get("members") or []
+    return [m["name"] for m in members
+            if isinstance(m, Mapping) and isinstance(m.get("name"), str) and m["name"]]
+
+
+def router_backends(obj: Mapping[str, Any]) -> Iterable[str]:
+    backends = (obj.get("spec") or {}).get("backends") or []
+    refs = [(b.get("modelServerRef") or {}).get("name") for b in backends
+            if isinstance(b, Mapping)]
+    return [r for r in refs if isinstance(r, str) and r]
+
+
+POOL_INDEXERS: dict[str, k.Indexer] = {MEMBER: pool_members}
+ROUTER_INDEXERS: dict[str, k.Indexer] = {BACKEND: router_backends}
+OWNED_INDEXERS: dict[str, k.Indexer] = {
+    LABEL_SERVER: k.label_indexer(LABEL_SERVER),
+    LABEL_ROUTER: k.label_indexer(LABEL_ROUTER),
+    LABEL_POOL: k.label_indexer(LABEL_POOL),
+}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ key is queued at most once, a key added while a worker holds it is queued again 
 worker is done (never handed to two workers), delayed adds keep the earliest deadline,
 and a key whose reconcile failed comes back after an exponential backoff with jitter,
 reset by its first success. The same semantics as client-go's rate-limited queue.
+
+Keys an `urgent` predicate picks are served before the others, first come first served
+among themselves: the reconciler's pools, whose swaps someone waits for, go ahead of the
+bookkeeping of servers and routers (a restart queues every object at once).
 """
 
 from __future__ import annotations
@@ -38,11 +42,15 @@ class Backoff:
 
 class WorkQueue(Generic[K]):
     def __init__(
-        self, backoff: Backoff | None = None, rand: Callable[[], float] = random.random
+        self, backoff: Backoff | None = None, rand: Callable[[], float] = random.random,
+        urgent: Callable[[K], bool] | None = None,
     ) -> None:
         self._backoff = backoff or Backoff()
         self._rand = rand
+        self._urgent = urgent
+        # urgent keys first (`_urgent_queued` of them), then the others, each in arrival order
         self._queue: deque[K] = deque()
+        self._urgent_queued = 0
         self._dirty: set[K] = set()
         self._processing: set[K] = set()
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
@@ -59,7 +67,14 @@ class WorkQueue(Generic[K]):
         self._dirty.add(key)
         if key in self._processing:
             return  # queued again by done()
-        self._queue.append(key)
+        self._push(key)
+
+    def _push(self, key: K) -> None:
+        if self._urgent is not None and self._urgent(key):
+            self._urgent_queued = min(self._urgent_queued, len(self._queue)) + 1
+            self._queue.insert(self._urgent_queued - 1, key)
+        else:
+            self._queue.append(key)
         self._wakeup.set()
 
     def add_after(self, key: K, delay: float) -> None:
@@ -89,6 +104,7 @@ class WorkQueue(Generic[K]):
             self._wakeup.clear()
             await self._wakeup.wait()
         key = self._queue.popleft()
+        self._urgent_queued = max(0, self._urgent_queued - 1)
         self._dirty.discard(key)
         self._processing.add(key)
         return key
@@ -96,8 +112,7 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         self._processing.discard(key)
         if key in self._dirty and not self._shut_down:
-            self._queue.append(key)
-            self._wakeup.set()
+            self._push(key)
 
     def retry(self, key: K) -> float:
         """Count a failure of `key` and queue it again after the backoff; the delay."""
@@ -120,4 +135,5 @@ class WorkQueue(Generic[K]):
             handle.cancel()
         self._timers.clear()
         self._queue.clear()
+        self._urgent_queued = 0
         self._wakeup.set()

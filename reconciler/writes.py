@@ -19,7 +19,7 @@ from reconciler import scheduling
 from reconciler.logs import ObjectLogger
 from reconciler.merge_patch import status_patch
 from reconciler.metrics import ReconcilerMetrics
-from reconciler.objects import covers, labels, meta, owned_by, pod_active
+from reconciler.objects import covers, meta, owned_by, pod_active
 from reconciler.render import LABEL_SERVER, MANAGED_BY, SLOT_GATE
 from reconciler.settling import WAITING_FOR_SERVER
 from reconciler.stores import MANAGED, POOL, SERVER, Stores
@@ -110,7 +110,7 @@ class Writer:
             cache = self.stores.of_kind(api_version, kind)
             resource = k.BY_KIND[(api_version, kind)]
             if cache is not None:
-                candidates = [o for o in cache.items(namespace) if labels(o).get(label) == value]
+                candidates = cache.indexed(label, namespace, value)
             else:
                 candidates, _ = await self.kube.list_all(
                     resource, namespace, f"{label}={value},{MANAGED}"
@@ -256,10 +256,11 @@ class Writer:
                       logger: ObjectLogger) -> None:
         """Lift the slot gate of the pods of `members`: the scheduler places them from then
         on."""
-        for pod in self.stores.pods.items(namespace):
-            member = labels(pod).get(LABEL_SERVER) or ""
+        member_pods = ((m, pod) for m in sorted(set(members))
+                       for pod in self.stores.pods.indexed(LABEL_SERVER, namespace, m))
+        for member, pod in member_pods:
             gates = (pod.get("spec") or {}).get("schedulingGates") or []
-            if (member not in members or not pod_active(pod)
+            if (not pod_active(pod)
                     or meta(pod).get("deletionTimestamp")
                     or not any(g.get("name") == SLOT_GATE for g in gates)):
                 continue

@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 NO_READY_ENDPOINT = "no_ready_endpoint"
 _REREAD_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+# A router fronting at most this many Services watches their EndpointSlices alone (a label
+# selector naming them); one fronting more watches every Service's in its namespace.
+MAX_SELECTED_SERVICES = 100
 
 
 # --- Public interface for the proxy -------------------------------------------------------
@@ -144,6 +147,9 @@ class Activation:
         self._closed = False
         self._early = EarlyProbes(probe, self._answered_early)
         self._tasks: asyncio.TaskGroup | None = None  # while `run` runs
+        # The EndpointSlice watch and the Services it asked for (see `_slice_services`).
+        self._slice_task: asyncio.Task[None] | None = None
+        self._watched_services: frozenset[str] | None = None
 
     # --- lifecycle ---
 
@@ -159,9 +165,10 @@ class Activation:
                     tg.create_task(self._events.run())
                 if self._kube is not None:
                     tg.create_task(self._watch_pools(self._kube))
-                    tg.create_task(self._watch_slices(self._kube))
+                    self._start_slice_watch()
         finally:
             self._tasks = None
+            self._slice_task = None
             self._early.clear()  # the task group cancelled them
 
     def ready(self) -> bool:
@@ -181,6 +188,8 @@ class Activation:
                 config.namespace,
             )
         self._config = config
+        if self._slice_services() != self._watched_services:
+            self._start_slice_watch()  # other backends' Services: watch theirs instead
         for p in config.pools:
             limits = limits_for(p, config)
             if p.name in self._pools:
@@ -526,8 +535,24 @@ class Activation:
                     if name in self._pools:
                         self._feed(name, PoolObserved(None))
 
-    async def _watch_slices(self, kube: KubePort) -> None:
-        async for event in kube.watch_endpoint_slices(self._config.namespace):
+    def _slice_services(self) -> frozenset[str] | None:
+        """The Services whose EndpointSlices this router reads: its backends' (None, every
+        Service of the namespace, when there are too many to name in a label selector)."""
+        services = frozenset(b.service for b in self._config.backends if b.service is not None)
+        return services if len(services) <= MAX_SELECTED_SERVICES else None
+
+    def _start_slice_watch(self) -> None:
+        """(Re)start the EndpointSlice watch on the backends' Services, while `run` runs."""
+        if self._kube is None or self._tasks is None:
+            return
+        if self._slice_task is not None:
+            self._slice_task.cancel()
+        self._watched_services = self._slice_services()
+        self._slice_task = self._tasks.create_task(
+            self._watch_slices(self._kube, self._watched_services))
+
+    async def _watch_slices(self, kube: KubePort, services: frozenset[str] | None) -> None:
+        async for event in kube.watch_endpoint_slices(self._config.namespace, services):
             match event:
                 case Listed(items=items):
                     self._endpoints.replace_all(items)

@@ -16,7 +16,7 @@ Refusals and kr8s and httpx errors are translated here, once, into `KubeError` a
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -151,10 +151,13 @@ class KubeClient:
 
     # --- EndpointSlices ---
 
-    def watch_endpoint_slices(self, namespace: str) -> AsyncIterator[WatchEvent[EndpointSlice]]:
-        return self._watch(
-            SLICE_API, namespace, "endpointslices", parse_slice, label_selector=SERVICE_NAME_LABEL
-        )
+    def watch_endpoint_slices(
+        self, namespace: str, services: Collection[str] | None = None
+    ) -> AsyncIterator[WatchEvent[EndpointSlice]]:
+        """The slices of `services` alone when given (the API server filters them: a router
+        hears of no other Service's endpoints), else every Service's in the namespace."""
+        return self._watch(SLICE_API, namespace, "endpointslices", parse_slice,
+                           label_selector=slice_selector(services))
 
     async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]:
         items, _ = await self._list(
@@ -249,6 +252,13 @@ class KubeClient:
                     yield Deleted(change.object["metadata"]["name"])
                 else:
                     yield Changed(parse(change.object))
+
+
+def slice_selector(services: Collection[str] | None) -> str:
+    """The label selector of the EndpointSlices of `services` (None: of every Service)."""
+    if services is None:
+        return SERVICE_NAME_LABEL
+    return f"{SERVICE_NAME_LABEL} in ({','.join(sorted(set(services)))})"
 
 
 class _NotFound(KubeError):

@@ -7,7 +7,7 @@ in-memory fake of it (`tests.kube_fake`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -57,7 +57,11 @@ class KubePort(Protocol):
 
     def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]: ...
 
-    def watch_endpoint_slices(self, namespace: str) -> AsyncIterator[WatchEvent[EndpointSlice]]: ...
+    def watch_endpoint_slices(
+        self, namespace: str, services: Collection[str] | None = None
+    ) -> AsyncIterator[WatchEvent[EndpointSlice]]:
+        """The namespace's EndpointSlices, or only those of `services` when given."""
+        ...
 
     async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]: ...
 

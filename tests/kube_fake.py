@@ -11,7 +11,7 @@ tests/integration/test_router_kube.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +39,8 @@ class FakeCluster:
         self.slice_lists = 0
         self._pool_watchers: list[asyncio.Queue[WatchEvent[PoolStatus]]] = []
         self._slice_watchers: list[asyncio.Queue[WatchEvent[EndpointSlice]]] = []
+        # The services each slice watch asked for (None: every Service), in order.
+        self.slice_watches: list[frozenset[str] | None] = []
 
     def _next_rv(self) -> str:
         self.rv += 1
@@ -111,13 +113,25 @@ class FakeCluster:
             yield await q.get()
 
     async def watch_endpoint_slices(
-        self, namespace: str
+        self, namespace: str, services: Collection[str] | None = None
     ) -> AsyncIterator[WatchEvent[EndpointSlice]]:
+        """As the API server filters by label: only the slices of `services` when given."""
+        self.slice_watches.append(None if services is None else frozenset(services))
         q: asyncio.Queue[WatchEvent[EndpointSlice]] = asyncio.Queue()
         self._slice_watchers.append(q)
-        yield Listed(tuple(self.slices.values()))
-        while True:
-            yield await q.get()
+
+        def wanted(s: EndpointSlice) -> bool:
+            return services is None or s.service in services
+
+        try:
+            yield Listed(tuple(s for s in self.slices.values() if wanted(s)))
+            while True:
+                event = await q.get()
+                if isinstance(event, Changed) and not wanted(event.item):
+                    continue
+                yield event
+        finally:
+            self._slice_watchers.remove(q)
 
     async def list_endpoint_slices(self, namespace: str, service: str) -> list[EndpointSlice]:
         await asyncio.sleep(0)

@@ -514,8 +514,10 @@ async def test_a_pool_added_by_a_reload_starts_from_the_watched_status(
     async def body() -> None:
         router.activation.update_config(reloaded)
         router.config = reloaded
-        assert router.activation.model_states()["phi"] == "resident"
+        # the new backend's EndpointSlices come with the watch of the new set of Services
+        await eventually(lambda: router.activation.model_states()["phi"] == "resident")
         assert (await router.call("phi")).base_url == "http://127.0.1.9:8080"
+        assert pools.writes == []  # resident all along: nothing was asked of the pool
 
     await running([router], body)
 

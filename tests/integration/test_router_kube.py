@@ -174,6 +174,19 @@ async def test_watches_list_then_follow_changes(
     assert await client.list_endpoint_slices(namespace, "coder") == []
 
 
+async def test_a_watch_of_named_services_hears_of_no_other_service(
+    client: KubeClient, kubectl: Kubectl, namespace: str
+) -> None:
+    kubectl("create", "-f", "-", input=json.dumps(endpoint_slice(namespace, "elsewhere")))
+    slices = client.watch_endpoint_slices(namespace, {"gemma", "coder"})
+    assert await next_event(slices) == Listed(())
+    kubectl("create", "-f", "-", input=json.dumps(endpoint_slice(namespace, "other")))
+    kubectl("create", "-f", "-", input=json.dumps(endpoint_slice(namespace, "gemma")))
+    event = await next_event(slices)  # the API server filtered `other` out
+    assert isinstance(event, Changed) and event.item.service == "gemma"
+    await slices.aclose()  # type: ignore[attr-defined]
+
+
 def endpoint_slice(namespace: str, service: str) -> dict[str, Any]:
     return {
         "apiVersion": "discovery.k8s.io/v1",

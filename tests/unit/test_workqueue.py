@@ -81,3 +81,24 @@ async def test_shutdown_releases_waiting_workers() -> None:
         await asyncio.wait_for(waiter, 1)
     q.add("a")
     assert len(q) == 0
+
+
+async def test_urgent_keys_are_served_first_each_kind_in_arrival_order() -> None:
+    q: WorkQueue[str] = WorkQueue(urgent=lambda key: key.startswith("pool"))
+    for key in ["server-1", "pool-1", "server-2", "pool-2", "router-1"]:
+        q.add(key)
+    first = await q.get()
+    q.add("pool-3")  # comes after the urgent keys already waiting, before the others
+    q.done(first)
+    q.add(first)  # an urgent key processed again goes with the urgent ones
+    served = [first] + [await q.get() for _ in range(len(q))]
+    assert served == ["pool-1", "pool-2", "pool-3", "pool-1", "server-1", "server-2",
+                      "router-1"]
+
+
+async def test_a_restart_backlog_holds_no_pool_behind_the_servers() -> None:
+    q: WorkQueue[str] = WorkQueue(urgent=lambda key: key.startswith("pool"))
+    for n in range(500):
+        q.add(f"server-{n}")
+    q.add("pool-waiting")
+    assert await q.get() == "pool-waiting"

@@ -1,0 +1,76 @@
+"""What a router watches: the EndpointSlices of its own backends' Services, not every
+Service of its namespace (a router fronting one pool among hundreds hears of no other's
+endpoints), and again those of the new set when its config changes the backends."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sidecar.activation import MAX_SELECTED_SERVICES
+from sidecar.config import RouterConfig
+from tests.functional.test_activation import Router, eventually, router_config, running
+from tests.kube_fake import FakeCluster
+
+pytestmark = pytest.mark.functional
+
+
+def with_backend(config: RouterConfig, name: str) -> RouterConfig:
+    coder = config.backend("coder")
+    assert coder is not None
+    extra = replace(coder, name=name, model_server=name, service=name, pool=None)
+    return replace(config, backends=(*config.backends, extra))
+
+
+@pytest.fixture
+def pools() -> FakeCluster:
+    c = FakeCluster()
+    c.set_pool("heavy", resident_member="coder")
+    c.set_endpoints("coder", "127.0.1.3")
+    c.set_endpoints("elsewhere", "127.0.1.9")  # another router's backend
+    return c
+
+
+async def test_a_router_watches_the_endpoint_slices_of_its_backends_alone(
+    pools: FakeCluster,
+) -> None:
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        assert pools.slice_watches == [frozenset({"coder", "gemma"})]
+        pools.set_endpoints("elsewhere", "127.0.1.10")
+        pools.set_endpoints("gemma", "127.0.1.4")
+        await eventually(lambda: "gemma" in router.activation._endpoints.services())
+        assert router.activation._endpoints.services() == {"coder", "gemma"}
+
+    await running([router], body)
+
+
+async def test_a_new_backend_restarts_the_watch_on_the_new_set(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+    pools.set_endpoints("third", "127.0.1.5")
+
+    async def body() -> None:
+        router.activation.update_config(with_backend(router.config, "third"))
+        await eventually(lambda: len(pools.slice_watches) == 2)
+        assert pools.slice_watches[-1] == frozenset({"coder", "gemma", "third"})
+        await eventually(lambda: "third" in router.activation._endpoints.services())
+        router.activation.update_config(with_backend(router.config, "third"))
+        assert len(pools.slice_watches) == 2  # the same Services: the watch goes on
+
+    await running([router], body)
+
+
+async def test_a_router_of_too_many_services_watches_the_namespace(
+    pools: FakeCluster,
+) -> None:
+    config = router_config()
+    for n in range(MAX_SELECTED_SERVICES):
+        config = with_backend(config, f"extra-{n}")
+    router = Router(pools, config)
+
+    async def body() -> None:
+        assert pools.slice_watches == [None]
+
+    await running([router], body)
