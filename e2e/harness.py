@@ -66,12 +66,13 @@ Sampling
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -670,3 +671,30 @@ class MemberWatch:
         with self._lock:
             return [m for m in self.moments if len(m) > 1]
 
+
+
+@contextlib.contextmanager
+def sampled(read: Callable[[], T], name: str, interval: float = 0.2) -> Iterator[list[T]]:
+    """`read()` called over and over on a thread of its own until the block ends, its
+    answers collected (a sampler of something the test watches, e.g. a GPU's ledger);
+    one that raises fails the test when the block ends."""
+    samples: list[T] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            while not stop.is_set():
+                samples.append(read())
+                stop.wait(interval)
+        except Exception as error:  # the test fails with it below, not in a thread
+            failures.append(error)
+
+    thread = threading.Thread(target=sample, name=name, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not failures, f"{name}: {failures[0]!r}"

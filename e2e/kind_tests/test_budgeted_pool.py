@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -202,31 +201,6 @@ def charged_bytes(node: str) -> int:
     return sum(int(line) for line in done.stdout.split())
 
 
-@contextlib.contextmanager
-def ledger_sampler(node: str) -> Iterator[list[int]]:
-    """The device's live charges, read over and over until the block ends."""
-    samples: list[int] = []
-    failures: list[BaseException] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        try:
-            while not stop.is_set():
-                samples.append(charged_bytes(node))
-                stop.wait(0.2)
-        except Exception as error:  # the test fails with it below, not in a thread
-            failures.append(error)
-
-    thread = threading.Thread(target=sample, name="ledger-sampler", daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not failures, f"the ledger could not be read: {failures[0]!r}"
-
-
 async def test_the_budget_holds_on_a_shared_device_plugin_gpu(
     kind_kubectl: Kubectl, restricted_namespace: str, shared_gpu_node: str,
 ) -> None:
@@ -238,7 +212,7 @@ async def test_the_budget_holds_on_a_shared_device_plugin_gpu(
     servers = [harness.on_node(s, shared_gpu_node) for s in (
         llama("gemma", "/models/gemma.gguf"), llama("alpha", "/models/alpha-large.gguf"),
         fake_vllm("qwen"))]
-    with ledger_sampler(shared_gpu_node) as charges:
+    with harness.sampled(lambda: charged_bytes(shared_gpu_node), "the GPU's ledger") as charges:
         async with placed_members(kubectl, ns) as samples:
             harness.apply(kubectl, ns, *servers, pool, harness.router_on_node(
                 harness.router(ROUTER, ["gemma", "alpha", "qwen"]), CONTROL_PLANE))

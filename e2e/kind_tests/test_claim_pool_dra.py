@@ -17,9 +17,6 @@ own tests:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -45,31 +42,10 @@ def member(name: str) -> harness.Json:
     return server
 
 
-@contextlib.contextmanager
-def ledger_sampler(node: str) -> Iterator[list[dict[str, int]]]:
-    """Bytes charged per device, read over and over until the block ends."""
-    samples: list[dict[str, int]] = []
-    failures: list[BaseException] = []
-    stop = threading.Event()
+def charged(node: str) -> dict[str, int]:
+    """Bytes charged to each of the node's two devices."""
     directory = ledger_dir(node)
-
-    def sample() -> None:
-        try:
-            while not stop.is_set():
-                samples.append({index: sum(c.bytes for c in live_charges(directory, index))
-                                for index in ("0", "1")})
-                stop.wait(0.1)
-        except Exception as error:  # the test fails with it below, not in a thread
-            failures.append(error)
-
-    thread = threading.Thread(target=sample, name="ledger-sampler", daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not failures, f"the ledger could not be read: {failures[0]!r}"
+    return {index: sum(c.bytes for c in live_charges(directory, index)) for index in ("0", "1")}
 
 
 def residents(kubectl: Kubectl, ns: str) -> set[str] | None:
@@ -93,7 +69,7 @@ async def test_a_claim_pool_shares_one_allocated_device_within_its_memory(
                         device={"claim": {"deviceClassName": DRIVER}})
     for entry in pool["spec"]["members"]:
         entry["gpuMemory"] = f"{FOOTPRINTS_MIB[entry['name']]}Mi"
-    with ledger_sampler(node) as charges:
+    with harness.sampled(lambda: charged(node), "the devices' ledgers", 0.1) as charges:
         harness.apply(kubectl, ns, *(member(m) for m in FOOTPRINTS_MIB), pool,
                       harness.router_on_node(harness.router(ROUTER, list(FOOTPRINTS_MIB)),
                                              node))
