@@ -181,11 +181,20 @@ DOCKERFILE
 }
 build_kube_router
 
-# One load of them all: their shared layers cross to each node once.
-images=("$product_image")
-for name in reconciler router fake-model fake-gpu-plugin llama-server; do
-  images+=("modelpool/$name:$version" "modelpool/$name:e2e")
+# One load per image, each with all its tags: `kind load` saves every image it is given
+# whenever one of them is missing from a node, so a load of them all would copy the
+# unchanged llama-server and kube-router images to every node each time the product changes.
+# An image every node already holds (same ID) is skipped by kind itself.
+load() {
+  local said
+  said="$(bash "$here/kind.sh" load docker-image --name "$cluster" "$@" 2>&1 >/dev/null)" || {
+    printf '%s\n' "$said" >&2; return 1; }
+  printf '%s\n' "$said" | grep -v "found to be already present" >&2 || true
+}
+load "$product_image" "modelpool/reconciler:$version" "modelpool/reconciler:e2e" \
+  "modelpool/router:$version" "modelpool/router:e2e"
+for name in fake-model fake-gpu-plugin llama-server; do
+  load "modelpool/$name:$version" "modelpool/$name:e2e"
 done
-images+=("$KUBE_ROUTER_IMAGE")
-bash "$here/kind.sh" load docker-image --name "$cluster" "${images[@]}" >/dev/null
+load "$KUBE_ROUTER_IMAGE"
 log "images loaded into kind cluster $cluster"

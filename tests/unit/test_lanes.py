@@ -99,3 +99,18 @@ def test_a_test_marked_with_a_build_runs_after_that_build(
                 marked.append((path.name, build))
                 assert build in needs(plan, stage_of_lane[lane]), (path, build)
     assert len(marked) >= 4, marked  # llama-server, argocd, flux, prometheus at least
+
+
+def test_a_module_with_a_cluster_of_its_own_keeps_its_tests_on_one_worker() -> None:
+    own = SimpleNamespace(__name__="e2e.tests.test_soak", cluster=object())
+    shared = SimpleNamespace(__name__="tests.integration.test_reconciler")
+    assert lanes.worker_group(SimpleNamespace(module=own)) == "e2e.tests.test_soak"  # type: ignore[arg-type]
+    assert lanes.worker_group(SimpleNamespace(module=shared)) is None  # type: ignore[arg-type]
+
+
+def test_the_local_lane_runs_on_two_workers_in_groups() -> None:
+    local = next(s for s in stages.plan([]) if s.name == "local tests")
+    argv = " ".join(local.argv)
+    assert "-n 2 --dist loadgroup" in argv
+    others = [s for s in stages.plan([]) if s.quiet and s.name != "local tests"]
+    assert all("-n" not in s.argv for s in others)
