@@ -22,6 +22,11 @@ Which one: `MODELPOOL_E2E_TESTBED` (`kind` or `local`); unset, kind when
 `MODELPOOL_KIND_KUBECONFIG` names a cluster (the README's test command brings one up and
 sets it), else the local testbed. A test module that only the local testbed can host says
 so with a module-level `TESTBED = "local"` and the reason beside it.
+
+`MODELPOOL_KIND_KUBECONFIG` may name several clusters, joined by ':' as KUBECONFIG is: the
+kind lane runs on two pytest-xdist workers, and worker N takes the Nth (`kind_kubeconfig`);
+any other process takes the first. `kind_cluster()` is that cluster's name, whose nodes are
+`<name>-control-plane`, `<name>-worker` (one fake GPU) and `<name>-worker2` (two).
 """
 
 from __future__ import annotations
@@ -59,14 +64,29 @@ def chosen(module_choice: str | None = None) -> str:
 
 
 _kind_kubeconfig: list[Path] = []
+DEFAULT_KIND_CLUSTER = "modelpool"
+
+
+def worker_index() -> int:
+    """This pytest-xdist worker's number (`gw1` is 1), 0 in a process that is none."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    number = worker.removeprefix("gw")
+    return int(number) if worker.startswith("gw") and number.isdigit() else 0
+
+
+def configured_kind_kubeconfig() -> Path | None:
+    """The kubeconfig MODELPOOL_KIND_KUBECONFIG names for this process (see the module
+    docstring), None when it names none."""
+    paths = [p for p in os.environ.get("MODELPOOL_KIND_KUBECONFIG", "").split(os.pathsep) if p]
+    return Path(paths[worker_index() % len(paths)]) if paths else None
 
 
 def kind_kubeconfig() -> Path:
-    """The kind cluster's kubeconfig: MODELPOOL_KIND_KUBECONFIG, else `e2e/kind/up.sh`
-    brings the cluster up (once per session) and prints it."""
-    configured = os.environ.get("MODELPOOL_KIND_KUBECONFIG")
-    if configured:
-        return Path(configured)
+    """The kind cluster's kubeconfig: the one MODELPOOL_KIND_KUBECONFIG names for this
+    process, else `e2e/kind/up.sh` brings the cluster up (once per session) and prints it."""
+    configured = configured_kind_kubeconfig()
+    if configured is not None:
+        return configured
     if not _kind_kubeconfig:
         result = subprocess.run(["bash", str(KIND_UP)], stdout=subprocess.PIPE, text=True,
                                 timeout=3600, check=False)
@@ -74,6 +94,16 @@ def kind_kubeconfig() -> Path:
             raise AssertionError(f"{KIND_UP} failed (exit {result.returncode})")
         _kind_kubeconfig.append(Path(result.stdout.strip().splitlines()[-1]))
     return _kind_kubeconfig[0]
+
+
+def kind_cluster() -> str:
+    """The name of the kind cluster this process tests on: from its kubeconfig's context
+    (`kind-<name>`), else `modelpool` (the cluster up.sh makes when none is named yet)."""
+    configured = configured_kind_kubeconfig()
+    if configured is None or not configured.is_file():
+        return DEFAULT_KIND_CLUSTER
+    context = str((yaml.safe_load(configured.read_text()) or {}).get("current-context", ""))
+    return context.removeprefix("kind-") if context.startswith("kind-") else DEFAULT_KIND_CLUSTER
 
 
 class Testbed(Protocol):

@@ -12,6 +12,10 @@
 #   MODELPOOL_KIND_NODE_IMAGE  a node image to use as it is (skips the pull and the build)
 #   MODELPOOL_KIND_CONTAINERD  a built node image's containerd (build-images.sh; unset:
 #                              Debian's). The DRA cluster (up-dra.sh) sets it.
+#   MODELPOOL_KIND_POD_SUBNET, MODELPOOL_KIND_SERVICE_SUBNET
+#                              the pod and Service ranges (default 10.244.0.0/16 and
+#                              10.96.0.0/16): a second cluster beside the first needs others,
+#                              since this machine routes to both (up-second.sh)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,6 +25,8 @@ CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
 kubeconfig="${MODELPOOL_KIND_KUBECONFIG:-$CACHE/kind/$cluster.kubeconfig}"
 K8S_VERSION="${MODELPOOL_K8S_VERSION:-v1.35.4}"
 OFFICIAL_NODE="kindest/node:$K8S_VERSION"
+POD_SUBNET="${MODELPOOL_KIND_POD_SUBNET:-10.244.0.0/16}"
+SERVICE_SUBNET="${MODELPOOL_KIND_SERVICE_SUBNET:-10.96.0.0/16}"
 
 log() { printf '[kind-up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 stage_start=$SECONDS
@@ -59,7 +65,14 @@ else
   export MODELPOOL_KIND_UNPRIVILEGED=1
 fi
 kind_() { bash "$here/kind.sh" "$@"; }
-# 2. kubelet 1.35 refuses cgroup v1 unless told otherwise.
+# 2. Each node's kubelet, containerd and systemd take inotify instances: two clusters of three
+#    nodes pass the kernel's default of 128 per user, and a kubelet that gets none fails
+#    ("too many open files"). Raised as root where it is lower than kind's advice.
+if (($(cat /proc/sys/fs/inotify/max_user_instances) < 512)) && [[ $(id -u) -eq 0 ]]; then
+  log "fs.inotify.max_user_instances $(cat /proc/sys/fs/inotify/max_user_instances) -> 512"
+  sysctl -qw fs.inotify.max_user_instances=512 || log "could not raise it (kept as it is)"
+fi
+# 3. kubelet 1.35 refuses cgroup v1 unless told otherwise.
 cgroup_patch=""
 if [[ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]]; then
   log "cgroup v1 host: the kubelets run with failCgroupV1: false"
@@ -83,7 +96,8 @@ containerdConfigPatches:
     config_path = "$CERTS_D"
 networking:
   disableDefaultCNI: $([[ $cni == flannel ]] && echo true || echo false)
-  podSubnet: 10.244.0.0/16
+  podSubnet: $POD_SUBNET
+  serviceSubnet: $SERVICE_SUBNET
 nodes:
 - role: control-plane
 - role: worker
@@ -138,7 +152,8 @@ if [[ $cni == flannel ]]; then
   # the flannel image the node image carries (build-images.sh preloads it)
   preloaded="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q)"
   flannel_image="$(grep 'modelpool/flannel:' <<<"$preloaded" | head -n 1)"
-  sed "s#IMAGE#$flannel_image#" "$here/flannel.yaml" | kubectl_ apply -f - >/dev/null
+  sed -e "s#IMAGE#$flannel_image#" -e "s#10.244.0.0/16#$POD_SUBNET#" "$here/flannel.yaml" \
+    | kubectl_ apply -f - >/dev/null
 fi
 kubectl_ wait --for=condition=Ready node --all --timeout=180s >/dev/null
 kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null

@@ -14,12 +14,12 @@ from typing import Any
 import openai
 import pytest
 
-from e2e import harness
+from e2e import harness, testbeds
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
 
-CLUSTER = "modelpool"
+CLUSTER = testbeds.kind_cluster()
 ONE_GPU, TWO_GPUS = f"{CLUSTER}-worker", f"{CLUSTER}-worker2"
 CONTROL_PLANE = f"{CLUSTER}-control-plane"
 PLUGIN = "modelpool-fake-gpu-plugin"

@@ -15,11 +15,11 @@ import openai
 import pytest
 
 from e2e import harness
+from e2e.kind_tests.test_kind import CONTROL_PLANE
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
 
-CONTROL_PLANE = "modelpool-control-plane"
 API_KEY = "sk-modelpool-test"
 HELLO: Any = [{"role": "user", "content": "hello"}]
 # What a client pod prints: 200 as soon as a GET answers it, else how the last try failed

@@ -12,12 +12,12 @@ import openai
 import pytest
 
 from e2e import harness
+from e2e.kind_tests.test_kind import CONTROL_PLANE, TWO_GPUS
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
 
-NODE = "modelpool-worker2"  # the node with two GPUs
-CONTROL_PLANE = "modelpool-control-plane"
+NODE = TWO_GPUS  # the node with two GPUs
 HELLO: Any = [{"role": "user", "content": "hello"}]
 
 

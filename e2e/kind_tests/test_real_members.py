@@ -13,11 +13,11 @@ import openai
 import pytest
 
 from e2e import harness
+from e2e.kind_tests.test_kind import CONTROL_PLANE, ONE_GPU
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
 
-CONTROL_PLANE, ONE_GPU = "modelpool-control-plane", "modelpool-worker"
 POOL, ROUTER = "slot", "chat"
 HELLO: Any = [{"role": "user", "content": "hello"}]
 

@@ -108,9 +108,12 @@ def test_a_module_with_a_cluster_of_its_own_keeps_its_tests_on_one_worker() -> N
     assert lanes.worker_group(SimpleNamespace(module=shared)) is None  # type: ignore[arg-type]
 
 
-def test_the_local_lane_runs_on_two_workers_in_groups() -> None:
-    local = next(s for s in stages.plan([]) if s.name == "local tests")
-    argv = " ".join(local.argv)
-    assert "-n 2 --dist loadgroup" in argv
-    others = [s for s in stages.plan([]) if s.quiet and s.name != "local tests"]
-    assert all("-n" not in s.argv for s in others)
+def test_the_testbeds_lanes_run_on_two_workers_in_groups() -> None:
+    two = ("local tests", "kind tests")
+    for stage in stages.plan([]):
+        if stage.name in two:
+            assert "-n 2 --dist loadgroup" in " ".join(stage.argv), stage.name
+        elif stage.quiet:
+            assert "-n" not in stage.argv, stage.name
+    kind = next(s for s in stages.plan([]) if s.name == "kind tests")
+    assert kind.needs == ("kind b",)
