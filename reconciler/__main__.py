@@ -87,9 +87,13 @@ async def run(
             loop.add_signal_handler(sig, stop.set)
     # Ready once the caches are synced: a standby waiting for the Lease is ready too (it
     # is healthy and takes over the moment it leads). Served from the start, so the
-    # metrics and health answer while the API server is still out of reach.
+    # metrics and health answer while the API server is still out of reach. Its metrics
+    # are prometheus-client's own objects, safe to read from a thread: at hundreds of pools
+    # an exposition takes a sizeable fraction of a second, which the reconciles, watches
+    # and the Lease's renewals must not wait behind.
     synced = asyncio.Event()
-    runner = web.AppRunner(make_health_app(registry, synced.is_set), access_log=None)
+    runner = web.AppRunner(make_health_app(registry, synced.is_set, off_loop=True),
+                           access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, settings.bind_host, settings.metrics_port)
