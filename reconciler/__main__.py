@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import httpx
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from reconciler import device_claim
 from reconciler.controller import Controller
@@ -183,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = from_args(args, os.environ)
     setup_logging(settings.log_level)
+    # Process-wide in prometheus-client: no `_created` series beside every counter and
+    # histogram (28 of the samples of a pool of 3 members), which nothing reads.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     try:
         asyncio.run(run(settings))
     except KeyboardInterrupt:
