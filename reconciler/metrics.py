@@ -19,6 +19,9 @@ PREFIX = "modelpool_"
 
 # A swap is seconds (a small model) to many minutes (a large cold load).
 _SWAP_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+# A phase's, coarser: six phases of every pool would otherwise be most of its samples, and
+# what a phase costs is read as a mean (`_sum` over `_count`), its buckets only roughly.
+_PHASE_BUCKETS = (1, 5, 30, 120, 600)
 _RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PHASES = swap.METRIC_PHASES
 # The outcomes of a member's slot saves and restores (spec.kvCache.persist).
@@ -56,7 +59,7 @@ class ReconcilerMetrics:
             "Duration of each phase of a completed swap: drain, save, unload, schedule, "
             "load, restore.",
             ["namespace", "pool", "phase"],
-            buckets=_SWAP_BUCKETS,
+            buckets=_PHASE_BUCKETS,
             registry=registry,
         )
         self.swap_failures_total = Counter(
