@@ -24,8 +24,8 @@ import openai
 import pytest
 
 from e2e import harness
-from e2e.kind_tests.test_kind import ONE_GPU, allocatable, plugin_pod
-from e2e.kind_tests.test_real_members import CONTROL_PLANE, fake_vllm, llama, streamed_text
+from e2e.kind_tests.test_kind import CONTROL_PLANE, ONE_GPU, allocatable, plugin_pod
+from e2e.kind_tests.test_real_members import fake_vllm, llama, streamed_text
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)

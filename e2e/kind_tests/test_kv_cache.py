@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from e2e import harness
-from e2e.kind_tests.test_kind import ONE_GPU
-from e2e.kind_tests.test_real_members import CONTROL_PLANE, fake_vllm, llama
+from e2e.kind_tests.test_kind import CONTROL_PLANE, ONE_GPU
+from e2e.kind_tests.test_real_members import fake_vllm, llama
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)

@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from e2e import harness
-from e2e.kind_tests.test_real_members import CONTROL_PLANE, llama, swaps_to
+from e2e.kind_tests.test_kind import CONTROL_PLANE
+from e2e.kind_tests.test_real_members import llama, swaps_to
 from e2e.local.fixtures import Kubectl
 
 pytestmark = pytest.mark.timeout(600)
