@@ -79,6 +79,7 @@ def selected(item: pytest.Item, lane: str | None, builds: str | None) -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     lane: str | None = config.getoption("--lane")
     builds: str | None = config.getoption("--builds")

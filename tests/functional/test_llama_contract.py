@@ -127,19 +127,33 @@ async def test_slots_list_each_slot_idle_when_nothing_runs(server: Server) -> No
 
 
 async def test_a_slot_is_processing_while_a_generation_runs(server: Server) -> None:
-    """What the idle probe reads to keep a busy incumbent resident."""
+    """What the idle probe reads to keep a busy incumbent resident: a slot processing while
+    a generation streams, and every slot idle again once its client has gone. The client
+    leaves after the first reading that shows it (the server stops a generation whose
+    client is gone), so the test never waits for 1,500 tokens on a starved host."""
+    seen = False
     async with client(server) as c:
-        running = asyncio.create_task(c.completions.create(
-            model=NAME, prompt="the pool", max_tokens=1500))
-        seen = False
-        while not running.done() and not seen:
+        stream = await c.completions.create(
+            model=NAME, prompt="the pool", max_tokens=1500, stream=True)
+        async for _chunk in stream:  # a chunk came: the generation runs
             _, slots = await get_json(server.base_url + "/slots")
             assert isinstance(slots, list)
             seen = any(s["is_processing"] for s in slots)
-        await running
-    assert seen, "no slot ever read as processing during a 1500-token generation"
-    _, slots = await get_json(server.base_url + "/slots")
-    assert isinstance(slots, list) and not any(s["is_processing"] for s in slots)
+            if seen:
+                break
+        await stream.close()
+    assert seen, "no slot ever read as processing while a 1500-token generation streamed"
+    assert await all_slots_idle(server), "a slot still processes after its client went"
+
+
+async def all_slots_idle(server: Server, tries: int = 600) -> bool:
+    """Whether `/slots` reads every slot idle within `tries` readings, 0.1 s apart."""
+    for _ in range(tries):
+        _, slots = await get_json(server.base_url + "/slots")
+        if isinstance(slots, list) and not any(s["is_processing"] for s in slots):
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 async def test_requests_queued_behind_busy_slots_keep_a_slot_processing(server: Server) -> None:
