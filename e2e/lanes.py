@@ -18,11 +18,10 @@ is selected, as before.
 `pytest --lane X` for each lane, once with `--builds=none` and once with `--builds=only`,
 selects every collected test exactly once: tests/unit/test_lanes.py holds that.
 
-A lane may run its tests on several pytest-xdist workers (`-n 2 --dist loadgroup`), each a
-process with a session cluster of its own. A module that starts a cluster of its own
-(`cluster = private_cluster(...)`) keeps its tests on one worker, so that cluster starts once:
-its tests carry `xdist_group(<module>)`, and xdist hands out such groups (the units with most
-tests) first, so the longest module starts at once rather than last.
+A lane may run its tests on several pytest-xdist workers (`-n 2 --dist loadfile`), each a
+process with a session cluster of its own. A module's tests stay on one worker, so a module
+that starts a cluster of its own (`cluster = private_cluster(...)`) starts it once; xdist
+hands out the modules with the most tests first.
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ def selected(item: pytest.Item, lane: str | None, builds: str | None) -> bool:
     return True
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     lane: str | None = config.getoption("--lane")
     builds: str | None = config.getoption("--builds")
@@ -89,20 +87,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    for item in items:
-        group = worker_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def worker_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test whose module starts a cluster of its own (a module-level
-    `cluster` fixture): the module's name, so that cluster serves all its tests on one
-    worker. None for any other test."""
-    module = getattr(item, "module", None)
-    if module is None or getattr(module, "cluster", None) is None:
-        return None
-    return str(module.__name__)
 
 
 def partition(items: Sequence[pytest.Item], lane: str | None,

@@ -139,8 +139,8 @@ def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[s
     argv = [PYTHON, "-m", "pytest", *LANE_ARGS]
     if workers > 1:
         # pytest-xdist: the lane's tests on `workers` processes, each with its own session
-        # cluster; a module with a cluster of its own stays on one (e2e/lanes.py).
-        argv += ["-n", str(workers), "--dist", "loadgroup"]
+        # cluster, a module's tests on one of them (e2e/lanes.py).
+        argv += ["-n", str(workers), "--dist", "loadfile"]
     if lane is not None:
         argv += ["--lane", lane]
     if builds is not None:

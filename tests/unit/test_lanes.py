@@ -101,18 +101,11 @@ def test_a_test_marked_with_a_build_runs_after_that_build(
     assert len(marked) >= 4, marked  # llama-server, argocd, flux, prometheus at least
 
 
-def test_a_module_with_a_cluster_of_its_own_keeps_its_tests_on_one_worker() -> None:
-    own = SimpleNamespace(__name__="e2e.tests.test_soak", cluster=object())
-    shared = SimpleNamespace(__name__="tests.integration.test_reconciler")
-    assert lanes.worker_group(SimpleNamespace(module=own)) == "e2e.tests.test_soak"  # type: ignore[arg-type]
-    assert lanes.worker_group(SimpleNamespace(module=shared)) is None  # type: ignore[arg-type]
-
-
-def test_the_testbeds_lanes_run_on_two_workers_in_groups() -> None:
+def test_the_testbeds_lanes_run_on_two_workers_a_module_on_one() -> None:
     two = ("local tests", "kind tests")
     for stage in stages.plan([]):
         if stage.name in two:
-            assert "-n 2 --dist loadgroup" in " ".join(stage.argv), stage.name
+            assert "-n 2 --dist loadfile" in " ".join(stage.argv), stage.name
         elif stage.quiet:
             assert "-n" not in stage.argv, stage.name
     kind = next(s for s in stages.plan([]) if s.name == "kind tests")
