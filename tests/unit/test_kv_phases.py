@@ -108,6 +108,21 @@ def test_an_answer_to_no_pending_one_is_none_and_late_ones_expire() -> None:
     assert kv_phases.next_deadline(pending, {}) == 5.0
 
 
+def test_late_saves_and_restores_are_abandoned_together_saves_first() -> None:
+    saves = {"a": Pending("a", 0.0, 5.0), "b": Pending("b", 0.0, 9.0)}
+    restores = {"c": Pending("c", 1.0, 4.0)}
+    assert kv_phases.expire_both(saves, restores, 3.0) is None
+    expired = kv_phases.expire_both(saves, restores, 5.0)
+    assert expired is not None
+    assert expired.saves == {"b": saves["b"]} and expired.restores == {}
+    assert [(a.record, a.reason) for a in expired.abandoned] == [
+        (RecordKvAbandoned("a", "save"), KV_SAVE_ABANDONED),
+        (RecordKvAbandoned("c", "restore"), KV_RESTORE_ABANDONED)]
+    assert expired.abandoned[1].message == (
+        "restoring c's slots did not answer within 3s: the load goes on without them")
+    assert expired.late_saves == ["a"]
+
+
 # The exclusive pool
 
 
