@@ -123,6 +123,44 @@ def expire(pending: Pendings, now: float) -> tuple[dict[str, Pending], list[str]
     return {m: p for m, p in pending.items() if m not in late}, late
 
 
+@dataclass(frozen=True)
+class Abandonment:
+    """A save or restore past its deadline: what to record, and the Warning's reason and
+    message."""
+
+    record: RecordKvAbandoned
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Expired:
+    """The saves and restores still pending once the late ones are abandoned, and those,
+    saves first."""
+
+    saves: dict[str, Pending]
+    restores: dict[str, Pending]
+    abandoned: list[Abandonment]
+
+    @property
+    def late_saves(self) -> list[str]:
+        """The members whose save was abandoned: their unload goes on."""
+        return [a.record.member for a in self.abandoned if a.record.kind == "save"]
+
+
+def expire_both(saves: Pendings, restores: Pendings, now: float) -> Expired | None:
+    """Abandon the saves and restores past their deadline; None when none is."""
+    saves_left, late_saves = expire(saves, now)
+    restores_left, late_restores = expire(restores, now)
+    if not late_saves and not late_restores:
+        return None
+    gone = [Abandonment(RecordKvAbandoned(member, kind), *abandoned(member, kind, pending[member]))
+            for kind, late, pending in (("save", late_saves, saves),
+                                        ("restore", late_restores, restores))
+            for member in late]
+    return Expired(saves_left, restores_left, gone)
+
+
 def next_deadline(*pendings: Pendings) -> float | None:
     return min((p.deadline for pending in pendings for p in pending.values()), default=None)
 

@@ -506,19 +506,14 @@ def _scale_saved(state: ResidencyState, members: Iterable[str]) -> list[Action]:
 
 def _expire_kv(state: ResidencyState, now: float) -> tuple[ResidencyState, list[Action]]:
     """Saves and restores past their deadline: abandoned, told and counted."""
-    saves, late_saves = kv_phases.expire(state.saves, now)
-    restores, late_restores = kv_phases.expire(state.restores, now)
-    if not late_saves and not late_restores:
+    expired = kv_phases.expire_both(state.saves, state.restores, now)
+    if expired is None:
         return state, []
     actions: list[Action] = []
-    for kind, late, pending in (("save", late_saves, state.saves),
-                                ("restore", late_restores, state.restores)):
-        for member in late:
-            actions += [RecordKvAbandoned(member, kind),
-                        EmitEvent("Warning", *kv_phases.abandoned(member, kind,
-                                                                  pending[member]))]
-    state = replace(state, saves=saves, restores=restores)
-    return state, actions + _scale_saved(state, late_saves)
+    for gone in expired.abandoned:
+        actions += [gone.record, EmitEvent("Warning", gone.reason, gone.message)]
+    state = replace(state, saves=expired.saves, restores=expired.restores)
+    return state, actions + _scale_saved(state, expired.late_saves)
 
 
 def _idle_result(state: ResidencyState, event: IdleResult, now: float

@@ -17,7 +17,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconciler import kv_slots_io as io
 from reconciler.context import Context
@@ -38,6 +38,18 @@ def saved_members(servers: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
     """The members (by name, of their ModelServer bodies) with a manifest in status."""
     return frozenset(name for name, body in servers.items()
                      if isinstance((body.get("status") or {}).get("kvCache"), dict))
+
+
+class _Target(NamedTuple):
+    """A member being saved or restored: the slot files, its body, spec and kvCache, its
+    running pod's address and a logger that posts Events on it."""
+
+    files: io.SlotFiles
+    body: Mapping[str, Any]
+    spec: ModelServerSpec
+    kv: KvCache
+    address: io.Address
+    logger: ObjectLogger
 
 
 class SlotSaves:
@@ -69,12 +81,12 @@ class SlotSaves:
             answer(SaveResult(member) if isinstance(action, SaveSlots)
                    else RestoreResult(member))
 
-    def _target(self, namespace: str, member: str
-                ) -> tuple[Mapping[str, Any], ModelServerSpec, KvCache, io.Address] | None:
-        """The member's body, spec, kvCache and its running pod's address; None when it
-        keeps nothing or no pod of it runs."""
+    def _target(self, namespace: str, member: str) -> _Target | None:
+        """What a save or a restore of `member` works with; None when the reconciler keeps
+        no slot files, the member keeps nothing or no pod of it runs."""
+        files = self.ctx.slot_files
         body = self.ctx.stores.servers.get(namespace, member)
-        if body is None:
+        if files is None or body is None:
             return None
         try:
             spec = ModelServerSpec.from_body(body)
@@ -86,7 +98,8 @@ class SlotSaves:
         for pod in self.ctx.lookups.pods_of(namespace, member):
             ip = (pod.get("status") or {}).get("podIP")
             if pod_active(pod) and ip and not meta(pod).get("deletionTimestamp"):
-                return body, spec, kv, (str(ip), spec.port)
+                return _Target(files, body, spec, kv, (str(ip), spec.port),
+                               self.ctx.writer.logger(body, log))
         return None
 
     async def _write(self, namespace: str, member: str, value: dict[str, Any] | None) -> None:
@@ -103,12 +116,10 @@ class SlotSaves:
 
     async def _save(self, namespace: str, action: SaveSlots) -> None:
         ctx = self.ctx
-        files = ctx.slot_files
         target = self._target(namespace, action.member)
-        if files is None or target is None:
+        if target is None:
             return
-        body, spec, kv, address = target
-        logger = ctx.writer.logger(body, log)
+        files, _, spec, kv, address, logger = target
         await self._write(namespace, action.member, None)
         left = max(0.0, min(kv.save_timeout, action.deadline - ctx.clock()))
         report = await files.save(address, spec.name, spec.uid or "", replace(
@@ -134,12 +145,10 @@ class SlotSaves:
 
     async def _restore(self, namespace: str, action: RestoreSlots) -> None:
         ctx = self.ctx
-        files = ctx.slot_files
         target = self._target(namespace, action.member)
-        if files is None or target is None:
+        if target is None:
             return
-        body, spec, kv, address = target
-        logger = ctx.writer.logger(body, log)
+        files, body, spec, kv, address, logger = target
         value = (body.get("status") or {}).get("kvCache")
         if value is None:
             return

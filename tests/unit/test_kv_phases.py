@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any
 
 import pytest
 
@@ -29,7 +29,6 @@ from reconciler.swap import (
     ActivityResult,
     EmitEvent,
     IdleResult,
-    MemberPods,
     MembersObserved,
     Outcome,
     Phase,
@@ -42,33 +41,18 @@ from reconciler.swap import (
     Tick,
     Verdict,
 )
+from tests.unit.test_residency import config as sized
+from tests.unit.test_residency import kinds, pool
+from tests.unit.test_residency import run as rrun
+from tests.unit.test_swap import pods, run
 
 pytestmark = pytest.mark.unit
 
-A = TypeVar("A")
-GIB = 1 << 30
 CONFIG = PoolConfig(members=("a", "b"), default="a", swap_budget=100.0, probe_interval=2.0)
 
 
-def pods(**running: int) -> MemberPods:
-    return MemberPods(pods=dict(running), scheduled=dict(running), ready=dict(running))
-
-
-def kinds(actions: Sequence[object], kind: type[A]) -> list[A]:
-    return [a for a in actions if isinstance(a, kind)]
-
-
-def warnings(actions: Sequence[object]) -> list[str]:
+def warnings(actions: Sequence[r.Action]) -> list[str]:
     return [a.reason for a in kinds(actions, EmitEvent) if a.type == "Warning"]
-
-
-def run(state: PoolState, events: Sequence[tuple[float, s.Event]]
-        ) -> tuple[PoolState, list[s.Action]]:
-    actions: list[s.Action] = []
-    for now, event in events:
-        state, more = s.step(state, event, now)
-        actions += more
-    return state, actions
 
 
 def swapping(config: PoolConfig, idle_at: float = 1.0) -> tuple[PoolState, list[s.Action]]:
@@ -106,6 +90,21 @@ def test_an_answer_to_no_pending_one_is_none_and_late_ones_expire() -> None:
     assert kv_phases.answer(pending, "a") == {"b": pending["b"]}
     assert kv_phases.expire(pending, 5.0) == ({"b": pending["b"]}, ["a"])
     assert kv_phases.next_deadline(pending, {}) == 5.0
+
+
+def test_late_saves_and_restores_are_abandoned_together_saves_first() -> None:
+    saves = {"a": Pending("a", 0.0, 5.0), "b": Pending("b", 0.0, 9.0)}
+    restores = {"c": Pending("c", 1.0, 4.0)}
+    assert kv_phases.expire_both(saves, restores, 3.0) is None
+    expired = kv_phases.expire_both(saves, restores, 5.0)
+    assert expired is not None
+    assert expired.saves == {"b": saves["b"]} and expired.restores == {}
+    assert [(a.record, a.reason) for a in expired.abandoned] == [
+        (RecordKvAbandoned("a", "save"), KV_SAVE_ABANDONED),
+        (RecordKvAbandoned("c", "restore"), KV_RESTORE_ABANDONED)]
+    assert expired.abandoned[1].message == (
+        "restoring c's slots did not answer within 3s: the load goes on without them")
+    assert expired.late_saves == ["a"]
 
 
 # The exclusive pool
@@ -235,33 +234,14 @@ def test_a_swap_while_a_member_is_saved_waits_for_its_pods() -> None:
 # The budgeted pool
 
 
-def budget(**changes: object) -> r.ResidencyConfig:
+def budget(**changes: Any) -> r.ResidencyConfig:
     """a, b and d: 20, 20 and 24 GiB on a 48 GiB budget."""
-    base = r.ResidencyConfig(members=("a", "b", "d"), gpu_memory=48 * GIB,
-                             footprints={"a": 20 * GIB, "b": 20 * GIB, "d": 24 * GIB},
-                             swap_budget=100.0, probe_interval=2.0)
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return sized(members=("a", "b", "d"), **changes)
 
 
 def residents(config: r.ResidencyConfig, *members: str) -> r.ResidencyState:
     """`members` resident, the first least recently used."""
-    return r.ResidencyState(
-        config=config,
-        residents={m: r.Resident(m, 0.0, float(i)) for i, m in enumerate(members)},
-        observed=MemberPods(pods=dict.fromkeys(members, 1),
-                            scheduled=dict.fromkeys(members, 1),
-                            ready=dict.fromkeys(members, 1)),
-        activity={m: Activity(m, "0", active_at=0.0, next_probe=1e9) for m in members},
-    )
-
-
-def rrun(state: r.ResidencyState, events: Sequence[tuple[float, s.Event]]
-         ) -> tuple[r.ResidencyState, list[r.Action]]:
-    actions: list[r.Action] = []
-    for now, event in events:
-        state, more = r.step(state, event, now)
-        actions += more
-    return state, actions
+    return pool({m: float(i) for i, m in enumerate(members)}, config)
 
 
 def test_a_persisted_victim_is_saved_before_it_is_evicted() -> None:
@@ -297,9 +277,7 @@ def test_a_budgeted_load_restores_before_it_is_resident() -> None:
     config = budget(kv_caps={"d": 5.0}, kv_saved=frozenset({"d"}))
     state, _ = rrun(residents(config, "a"), [(1.0, RequestObserved(Request("d", 1)))])
     assert state.loads and state.loads[0].phase is Phase.LOADING
-    ready = MemberPods(pods={"a": 1, "d": 1}, scheduled={"a": 1, "d": 1},
-                       ready={"a": 1, "d": 1})
-    state, actions = r.step(state, MembersObserved(ready), 5.0)
+    state, actions = r.step(state, MembersObserved(pods(a=1, d=1)), 5.0)
     assert kinds(actions, RestoreSlots) == [RestoreSlots("d", 10.0)]
     assert "d" not in state.residents and "d" in r.released(state)
     assert r.phase_of(state) == "Swapping"
@@ -326,9 +304,7 @@ def test_a_budgeted_idle_unload_saves_first() -> None:
 def test_a_budgeted_restore_is_bounded_by_its_cap_not_by_the_budget() -> None:
     config = budget(kv_caps={"d": 5.0}, kv_saved=frozenset({"d"}))
     state, _ = rrun(residents(config, "a"), [(1.0, RequestObserved(Request("d", 1)))])
-    ready = MemberPods(pods={"a": 1, "d": 1}, scheduled={"a": 1, "d": 1},
-                       ready={"a": 1, "d": 1})
-    state, _ = r.step(state, MembersObserved(ready), 99.0)
+    state, _ = r.step(state, MembersObserved(pods(a=1, d=1)), 99.0)
     state, actions = r.step(state, Tick(), 102.0)  # past swapBudget: the target is Ready
     assert state.loads and state.loads[0].phase is Phase.RESTORING
     assert kinds(actions, Scale) == []
