@@ -98,7 +98,11 @@ LABEL_SCOPE = "modelpool.dev/e2e-scope"
 CRDS = ("modelservers", "modelpools", "modelrouters")
 ROUTER_PORT = 8080
 ROUTER_METRICS_PORT = 9090
+# `eventually` checks again after 0.2 s, then each pause half as long again as the last, up
+# to 1 s: most checks run `kubectl` (some 70 ms of CPU each, and the API server's work), so a
+# wait of a minute at 0.2 s cost 300 of them, a quarter of a core per waiting test.
 POLL_SECONDS = 0.2
+POLL_MAX_SECONDS = 1.0
 
 Json = dict[str, Any]
 T = TypeVar("T")
@@ -129,14 +133,17 @@ def eventually(
     """Poll `check` until it returns something other than None; fail naming `what` (and
     what `explain()` says about the last state, when given)."""
     deadline = time.monotonic() + within
+    pause = POLL_SECONDS
     while True:
         result = check()
         if result is not None:
             return result
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left < 0:
             detail = f"; last seen: {explain()}" if explain is not None else ""
             raise AssertionError(f"timed out after {within:g}s waiting for {what}{detail}")
-        time.sleep(POLL_SECONDS)
+        time.sleep(min(pause, left + 0.01))  # and one last check at the deadline
+        pause = min(pause * 1.5, POLL_MAX_SECONDS)
 
 
 # Install

@@ -172,7 +172,9 @@ async def test_a_member_deleted_with_a_non_streamed_request_in_flight_frees_the_
         # The request in flight ends: a reply (dispatched again) or an OpenAI-shaped error.
         outcome: object
         try:
-            outcome = await asyncio.wait_for(in_flight, timeout=120)
+            # Bounded by the client's own timeout: answered again, the request generates its
+            # 1000 tokens anew on the new pod, minutes on a loaded host.
+            outcome = await in_flight
         except openai.APIStatusError as e:
             outcome = e
             assert e.status_code in (502, 503), (e.status_code, e.body)
