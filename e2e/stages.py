@@ -4,21 +4,24 @@
 Each stage is a command that starts once the stages it needs have passed:
 
     lint ──────────────────────────────── (ruff, mypy, and actionlint over the workflows)
-    control plane ─ llama-server ─ kind ─ kind b ─ flux ─ prometheus ─ argocd  (the builds,
-      │                  │                  │       │        │          │    one at a time:
-      │                  │                  │       └────────┴──┐       │    each fills
-    host tests ─────── host tests needing llama-server  │       │       │    both cores)
-      └ local tests ─────────── local tests needing argocd ─────┼───────┘
+    control plane ─ llama-server ─ kind ─ [kind b] ─ flux ─ prometheus ─ argocd  (the builds,
+      │                  │                    │         │        │          │  one at a time:
+      │                  │                    │         └────────┴──┐       │  each fills
+    host tests ─────── host tests needing llama-server    │         │       │  both cores)
+      └ local tests ─────────── local tests needing argocd ─────────┼───────┘
                                     kind tests ── kind tests needing flux, prometheus
 
 A test lane is a pytest process of its own (`e2e/lanes.py` says which tests each holds):
 the tests that wait on kubelets, controllers and swaps run while the builds and the
-computing tests fill the CPUs. The two lanes of the testbeds wait far more than they compute,
-so each runs on two pytest-xdist workers with a cluster each: the local lane's workers start
-a control plane each, the kind lane's take the two kind clusters (`kind` and `kind b`,
-e2e/testbeds.py). A lane's tests that need a later build (`pytest.mark.build`)
-run once that build is done. With PYTEST ARGS, the builds run first and then one pytest
-with those arguments, as a developer asks for.
+computing tests fill the CPUs. On a machine of four cores or more (or with
+MODELPOOL_TEST_WORKERS=2), the two lanes of the testbeds each run on two pytest-xdist workers
+with a cluster each: the local lane's workers start a control plane each, the kind lane's
+take the two kind clusters (`kind` and `kind b`, e2e/testbeds.py). Each lane alone then
+takes half its time; on two cores, where the lanes already keep both busy, the two lanes
+together gained a sixth and failed tests that compute (docs/benchmarks-log.md), so there
+they run on one process each and `kind b` is not made. A lane's tests that need a later
+build (`pytest.mark.build`) run once that build is done. With PYTEST ARGS, the builds run
+first and then one pytest with those arguments, as a developer asks for.
 
 Every stage has a budget, cold (its caches empty) and warm; a stage that took longer than
 its budget is named in a warning where it ends and again in the summary, so the change that
@@ -155,22 +158,38 @@ def build(name: str, script: str, budget: Budget, needs: tuple[str, ...], *,
                  warm_marker=warm_marker, exports=exports, nice=nice)
 
 
-def builds() -> list[Stage]:
+def lane_workers(env: Mapping[str, str] | None = None, cpus: int | None = None) -> int:
+    """How many pytest-xdist workers each testbed lane runs on: MODELPOOL_TEST_WORKERS when
+    set, else 2 on a machine of four cores or more and 1 below."""
+    env = os.environ if env is None else env
+    chosen = env.get("MODELPOOL_TEST_WORKERS", "").strip()
+    if chosen:
+        if chosen not in ("1", "2"):
+            raise ValueError(f"MODELPOOL_TEST_WORKERS={chosen!r}: expected 1 or 2")
+        return int(chosen)
+    return 2 if ((os.cpu_count() or 1) if cpus is None else cpus) >= 4 else 1
+
+
+def builds(workers: int = 1) -> list[Stage]:
     """The builds, one after another in the order the lanes want them (each fills the CPUs
     alone; two at once would each take twice as long). Budgets: the cold run of
     docs/benchmarks.md, where the lanes shared the CPUs with them, with room; warm a few
-    seconds (kind: its images rebuilt)."""
+    seconds (kind: its images rebuilt). With two workers a lane, a second kind cluster."""
+    last_kind = "kind b" if workers > 1 else "kind"
+    second = [
+        # The second cluster for the kind lane's second worker: its node image and the
+        # project's images are built already, so it costs a cluster's start and a load.
+        build("kind b", "e2e/kind/up-second.sh", Budget(420, 150), ("kind",),
+              warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
+    ] if workers > 1 else []
     return [
         build("control plane", "e2e/build-control-plane.sh", Budget(540, 10), ()),
         build("llama-server", "e2e/llama/build-llama-server.sh", Budget(600, 10),
               ("control plane",)),
         build("kind", "e2e/kind/up.sh", Budget(840, 180), ("llama-server",),
               warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
-        # The second cluster for the kind lane's second worker: its node image and the
-        # project's images are built already, so it costs a cluster's start and a load.
-        build("kind b", "e2e/kind/up-second.sh", Budget(420, 150), ("kind",),
-              warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
-        build("flux", "e2e/flux/build.sh", Budget(780, 10), ("kind b",)),
+        *second,
+        build("flux", "e2e/flux/build.sh", Budget(780, 10), (last_kind,)),
         build("prometheus", "e2e/prometheus/build.sh", Budget(150, 10), ("flux",)),
         build("registry", "e2e/registry/build.sh", Budget(240, 10), ("prometheus",)),
         build("argocd", "e2e/argocd/build.sh", Budget(390, 10), ("registry",)),
@@ -182,9 +201,11 @@ def lint() -> Stage:
     return Stage("lint", ("bash", str(REPO_ROOT / "scripts" / "lint")), Budget(210, 150))
 
 
-def plan(pytest_args: Sequence[str]) -> list[Stage]:
-    """Every stage of a run: the lanes, or with `pytest_args` one pytest after the builds."""
-    stages = [lint(), *builds()]
+def plan(pytest_args: Sequence[str], workers: int = 1) -> list[Stage]:
+    """Every stage of a run: the lanes, or with `pytest_args` one pytest after the builds;
+    `workers` pytest-xdist workers for each of the testbeds' lanes."""
+    stages = [lint(), *builds(workers)]
+    two = workers > 1
     if pytest_args:
         every_build = tuple(s.name for s in stages)
         return [*stages, Stage("pytest", (PYTHON, "-m", "pytest", *pytest_args),
@@ -198,15 +219,15 @@ def plan(pytest_args: Sequence[str]) -> list[Stage]:
         pytest_stage("host tests", "host", "none", (), Budget(600, 420), nice=15),
         pytest_stage("host tests needing builds", "host", "only", ("llama-server",),
                      Budget(150, 150), after=("host tests",), nice=15),
-        # Two workers, two control planes: the lane's tests wait on them far more than they
-        # compute, and it is the run's longest lane on one process (20 min 42 s against
-        # 11 min 35 s on two; docs/benchmarks-log.md).
-        pytest_stage("local tests", "local", "none", ("control plane",), Budget(780, 780),
-                     workers=2),
+        # On two workers, two control planes: 11 min 35 s alone against 20 min 36 s on one
+        # (docs/benchmarks-log.md).
+        pytest_stage("local tests", "local", "none", ("control plane",),
+                     Budget(780, 780) if two else Budget(1020, 1020), workers=workers),
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
                      Budget(180, 180), after=("local tests",)),
-        # Two workers on two clusters: 17 min 56 s on one (docs/benchmarks-log.md).
-        pytest_stage("kind tests", "kind", "none", ("kind b",), Budget(660, 660), workers=2),
+        # On two workers, two clusters: 9 min 45 s alone against 17 min 49 s on one.
+        pytest_stage("kind tests", "kind", "none", ("kind b",) if two else ("kind",),
+                     Budget(660, 660) if two else Budget(810, 810), workers=workers),
         pytest_stage("kind tests needing builds", "kind", "only",
                      ("flux", "prometheus", "registry"), Budget(480, 480), after=("kind tests",)),
     ]
@@ -394,8 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     # e2e/tests run on kind unless a module says otherwise; the lanes depend on it.
     env.setdefault("MODELPOOL_E2E_TESTBED", "kind")
-    run = Run(plan(pytest_args), log_dir, env)
-    run.say(f"logs in {log_dir}")
+    workers = lane_workers(env)
+    run = Run(plan(pytest_args, workers), log_dir, env)
+    run.say(f"logs in {log_dir}; the testbeds' lanes on {workers} worker(s) each"
+            " (MODELPOOL_TEST_WORKERS)")
     passed = asyncio.run(run.go())
     if passed and not pytest_args:
         gap = run.lanes_cover_the_suite()

@@ -103,10 +103,32 @@ def test_a_test_marked_with_a_build_runs_after_that_build(
 
 def test_the_testbeds_lanes_run_on_two_workers_a_module_on_one() -> None:
     two = ("local tests", "kind tests")
-    for stage in stages.plan([]):
+    for stage in stages.plan([], workers=2):
         if stage.name in two:
             assert "-n 2 --dist loadfile" in " ".join(stage.argv), stage.name
         elif stage.quiet:
             assert "-n" not in stage.argv, stage.name
-    kind = next(s for s in stages.plan([]) if s.name == "kind tests")
+    kind = next(s for s in stages.plan([], workers=2) if s.name == "kind tests")
     assert kind.needs == ("kind b",)
+
+
+def test_on_one_worker_no_lane_uses_xdist_and_no_second_cluster_is_made() -> None:
+    plan = stages.plan([], workers=1)
+    assert all("-n" not in s.argv for s in plan)
+    assert "kind b" not in [s.name for s in plan]
+    assert next(s for s in plan if s.name == "kind tests").needs == ("kind",)
+    assert next(s for s in plan if s.name == "flux").needs == ("kind",)
+
+
+@pytest.mark.parametrize(("env", "cpus", "workers"), [
+    ({}, 2, 1), ({}, 4, 2), ({"MODELPOOL_TEST_WORKERS": "2"}, 2, 2),
+    ({"MODELPOOL_TEST_WORKERS": "1"}, 16, 1),
+])
+def test_two_workers_a_lane_from_four_cores_unless_told(env: dict[str, str], cpus: int,
+                                                        workers: int) -> None:
+    assert stages.lane_workers(env, cpus) == workers
+
+
+def test_a_worker_count_other_than_one_or_two_is_refused() -> None:
+    with pytest.raises(ValueError, match="MODELPOOL_TEST_WORKERS='3'"):
+        stages.lane_workers({"MODELPOOL_TEST_WORKERS": "3"}, 2)
