@@ -26,6 +26,8 @@ routers start).
     .venv/bin/python benchmarks/bench_scale.py                      # 10, 100 and 500 pools
     .venv/bin/python benchmarks/bench_scale.py --sizes 10 --idle 20 # a smoke run
     .venv/bin/python benchmarks/bench_scale.py --json out.json      # the figures as JSON too
+    .venv/bin/python benchmarks/bench_scale.py --sizes 100 --reconciler-workers 4,16
+                                           # each size once per worker count, side by side
 
 Needs Go for the first build of the control plane and KWOK (cached after). Every cluster
 is taken down at the end unless `--keep`.
@@ -199,6 +201,7 @@ class SizeResult:
     pools: int
     budgeted: int
     routers: int
+    workers: int | None = None  # the reconciler's --workers (None: its default)
     setup_seconds: float = 0.0
     idle_seconds: float = 0.0
     idle_cpu_share: float = 0.0
@@ -223,13 +226,15 @@ class SizeResult:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, pools: int, root: Path) -> None:
+    def __init__(self, args: argparse.Namespace, pools: int, root: Path,
+                 workers: int | None = None) -> None:
         self.args = args
         self.pools = pools
+        self.workers = workers  # the reconciler's --workers (None: its default)
         self.root = root
         self.routers = min(args.routers, pools)
         self.budget_pools = [p for p in range(pools) if budgeted(p, args.budget_every)]
-        self.result = SizeResult(pools, len(self.budget_pools), self.routers)
+        self.result = SizeResult(pools, len(self.budget_pools), self.routers, workers=workers)
         self.cluster: controlplane.LocalCluster | None = None
         self.kube: k.Kube | None = None
         self.standin = StandIn()
@@ -313,10 +318,11 @@ class Bench:
             self.profiled = True
             profile = ["-m", "cProfile", "-o", str(self.args.profile.resolve()
                                                    / f"reconciler-{self.pools}.prof")]
+        workers = [] if self.workers is None else [f"--workers={self.workers}"]
         return processes.start(
             [sys.executable, *profile, "-m", "reconciler", "--namespace", NAMESPACE,
              f"--kubeconfig={self.cluster.kubeconfig}", f"--metrics-port={self.metrics_port}",
-             "--log-level=WARNING"],
+             "--log-level=WARNING", *workers],
             layout.pid(RECONCILER), layout.log(RECONCILER),
             env={**os.environ, "MODELPOOL_BIND_HOST": "127.0.0.1"}, cwd=REPO)
 
@@ -674,7 +680,8 @@ def report(results: Sequence[SizeResult]) -> str:
         lone_p95 = quantile(lone, 0.95)
         rss = r.router_rss_mb or [float("nan")]
         lines += [
-            f"== {r.pools} pools ({r.budgeted} with a memory budget), {r.routers} routers ==",
+            f"== {r.pools} pools ({r.budgeted} with a memory budget), {r.routers} routers"
+            + ("" if r.workers is None else f", reconciler on {r.workers} workers") + " ==",
             f"setup to all Ready: {r.setup_seconds:.0f}s",
             f"reconciler idle: {r.idle_cpu_share * 100:.2f}% of a core; "
             f"RSS {r.rss_mb:.0f} MB (peak {r.peak_rss_mb:.0f} MB)",
@@ -730,6 +737,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,10,50", help="swaps at once, comma-separated")
     p.add_argument("--waves", type=int, default=3, help="waves per concurrency above 1")
     p.add_argument("--lone-waves", type=int, default=8, help="waves of a lone swap")
+    p.add_argument("--reconciler-workers", default="",
+                   help="the reconciler's --workers, comma-separated: each size is run once "
+                        "with each (default: the reconciler's own default)")
     p.add_argument("--idle", type=float, default=60.0, help="seconds measured at idle")
     p.add_argument("--settle", type=float, default=15.0,
                    help="seconds waited before the idle window")
@@ -741,16 +751,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in str(args.sizes).split(",")]
     args.concurrency = [int(c) for c in str(args.concurrency).split(",")]
+    args.reconciler_workers = [int(w) for w in str(args.reconciler_workers).split(",") if w]
     return args
 
 
 async def main_async(args: argparse.Namespace) -> list[SizeResult]:
     results = []
     for size in args.sizes:
-        root = Path(tempfile.mkdtemp(prefix=f"modelpool-scale-{size}-"))
-        log(f"--- {size} pools in {root}")
-        results.append(await Bench(args, size, root).run())
-        print(report(results[-1:]), flush=True)
+        for workers in args.reconciler_workers or [None]:
+            root = Path(tempfile.mkdtemp(prefix=f"modelpool-scale-{size}-"))
+            log(f"--- {size} pools in {root}"
+                + ("" if workers is None else f", the reconciler on {workers} workers"))
+            results.append(await Bench(args, size, root, workers).run())
+            print(report(results[-1:]), flush=True)
     return results
 
 

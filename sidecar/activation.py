@@ -56,8 +56,17 @@ from sidecar.endpoints import EndpointIndex
 from sidecar.event_reporter import EventPort, EventReporter
 from sidecar.events import Refusal
 from sidecar.http.probes import probe_ready
-from sidecar.kube_port import Changed, Conflict, Deleted, KubeError, KubePort, Listed
+from sidecar.kube_port import (
+    Changed,
+    Conflict,
+    Deleted,
+    KubeError,
+    KubePort,
+    Listed,
+    WatchEvent,
+)
 from sidecar.metrics import RouterMetrics
+from sidecar.pool_watches import PoolWatches
 from sidecar.target import ActivationError, Target
 
 logger = logging.getLogger(__name__)
@@ -133,14 +142,16 @@ class Activation:
             p.name: activator.initial_state(p.name, identity, limits_for(p, config))
             for p in config.pools
         }
-        self._seen: dict[str, PoolStatus] = {}  # latest status of every pool in the namespace
+        self._seen: dict[str, PoolStatus] = {}  # latest status of every pool watched
         self._endpoints = EndpointIndex()
         self._waiting: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
         self._inflight: Counter[str] = Counter()  # per backend
         # Per backend with a URL: that URL and its one target.
         self._static: dict[str, tuple[str, Target]] = {}
-        self._pools_synced = False
+        self._pools_synced = False  # every pool watch listed once
+        self._pool_watches = (
+            None if kube is None else PoolWatches(kube, config.namespace, self._pool_event))
         self._slices_synced = False
         self._wake = asyncio.Event()
         self._work: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
@@ -164,11 +175,13 @@ class Activation:
                 if self._events is not None:
                     tg.create_task(self._events.run())
                 if self._kube is not None:
-                    tg.create_task(self._watch_pools(self._kube))
+                    self._sync_pool_watches()
                     self._start_slice_watch()
         finally:
             self._tasks = None
             self._slice_task = None
+            if self._pool_watches is not None:
+                self._pool_watches.clear()  # the task group cancelled them
             self._early.clear()  # the task group cancelled them
 
     def ready(self) -> bool:
@@ -190,6 +203,7 @@ class Activation:
         self._config = config
         if self._slice_services() != self._watched_services:
             self._start_slice_watch()  # other backends' Services: watch theirs instead
+        self._sync_pool_watches()  # a pool added or gone: watch it, or stop
         for p in config.pools:
             limits = limits_for(p, config)
             if p.name in self._pools:
@@ -518,22 +532,37 @@ class Activation:
         self._endpoints.replace_service(service, slices)
         self._refresh_ready()
 
-    async def _watch_pools(self, kube: KubePort) -> None:
-        async for event in kube.watch_pools(self._config.namespace):
-            match event:
-                case Listed(items=items):
-                    self._seen = {s.name: s for s in items}
-                    for name in list(self._pools):
+    def _sync_pool_watches(self) -> None:
+        """Watch the configured pools (each by name), while `run` runs."""
+        if self._pool_watches is None or self._tasks is None:
+            return
+        for stopped in self._pool_watches.sync(self._tasks, [p.name for p in self._config.pools]):
+            if stopped is not None:
+                self._seen.pop(stopped, None)
+
+    def _pool_event(self, selection: str | None, event: WatchEvent[PoolStatus]) -> None:
+        """An event of the watch of pool `selection` (None: of every pool of the namespace)."""
+        match event:
+            case Listed(items=items):
+                # A list replaces what its watch covers: one pool, or the namespace.
+                if selection is None:
+                    self._seen = {}
+                else:
+                    self._seen.pop(selection, None)
+                self._seen.update((s.name, s) for s in items)
+                for name in list(self._pools):
+                    if selection in (None, name):
                         self._feed(name, PoolObserved(self._seen.get(name)))
+                if self._pool_watches is not None and self._pool_watches.listed():
                     self._pools_synced = True
-                case Changed(item=status):
-                    self._seen[status.name] = status
-                    if status.name in self._pools:
-                        self._feed(status.name, PoolObserved(status))
-                case Deleted(name=name):
-                    self._seen.pop(name, None)
-                    if name in self._pools:
-                        self._feed(name, PoolObserved(None))
+            case Changed(item=status):
+                self._seen[status.name] = status
+                if status.name in self._pools:
+                    self._feed(status.name, PoolObserved(status))
+            case Deleted(name=name):
+                self._seen.pop(name, None)
+                if name in self._pools:
+                    self._feed(name, PoolObserved(None))
 
     def _slice_services(self) -> frozenset[str] | None:
         """The Services whose EndpointSlices this router reads: its backends' (None, every

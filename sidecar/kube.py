@@ -119,8 +119,13 @@ class KubeClient:
             raise KubeError(f"ModelPool {namespace}/{pool} not found") from e
         return self._parse_pool(body)
 
-    def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
-        return self._watch(POOL_API, namespace, "modelpools", self._parse_pool)
+    def watch_pools(
+        self, namespace: str, name: str | None = None
+    ) -> AsyncIterator[WatchEvent[PoolStatus]]:
+        """The ModelPool `name` alone when given (the API server filters by field), else
+        every ModelPool of the namespace."""
+        return self._watch(POOL_API, namespace, "modelpools", self._parse_pool,
+                           field_selector=None if name is None else f"metadata.name={name}")
 
     def _parse_pool(self, obj: Body) -> PoolStatus:
         meta = obj.get("metadata") or {}

@@ -55,7 +55,12 @@ class KubePort(Protocol):
         """CAS-write `status.request` as docs/contracts.md section 2 says; raises Conflict."""
         ...
 
-    def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]: ...
+    def watch_pools(
+        self, namespace: str, name: str | None = None
+    ) -> AsyncIterator[WatchEvent[PoolStatus]]:
+        """The ModelPool `name` alone when given (a field selector), else every ModelPool
+        of the namespace."""
+        ...
 
     def watch_endpoint_slices(
         self, namespace: str, services: Collection[str] | None = None

@@ -38,6 +38,9 @@ class FakeCluster:
         self.reads = 0
         self.slice_lists = 0
         self._pool_watchers: list[asyncio.Queue[WatchEvent[PoolStatus]]] = []
+        # The pool each pool watch asked for (None: every pool of the namespace), in order.
+        self.pool_watches: list[str | None] = []
+        self._pool_selection: dict[int, str | None] = {}  # by id() of a watcher's queue
         self._slice_watchers: list[asyncio.Queue[WatchEvent[EndpointSlice]]] = []
         # The services each slice watch asked for (None: every Service), in order.
         self.slice_watches: list[frozenset[str] | None] = []
@@ -53,7 +56,8 @@ class FakeCluster:
         status = replace(old, resource_version=self._next_rv(), **changes)
         self.pools[name] = status
         for q in self._pool_watchers:
-            q.put_nowait(Changed(status))
+            if self._pool_selection[id(q)] in (None, name):
+                q.put_nowait(Changed(status))
         return status
 
     def set_endpoints(
@@ -105,12 +109,21 @@ class FakeCluster:
         self.writes.append(write)
         return self.set_pool(pool, request=write.request, status_present=True)
 
-    async def watch_pools(self, namespace: str) -> AsyncIterator[WatchEvent[PoolStatus]]:
+    async def watch_pools(
+        self, namespace: str, name: str | None = None
+    ) -> AsyncIterator[WatchEvent[PoolStatus]]:
+        """As the API server filters by field: only the pool `name` when given."""
+        self.pool_watches.append(name)
         q: asyncio.Queue[WatchEvent[PoolStatus]] = asyncio.Queue()
         self._pool_watchers.append(q)
-        yield Listed(tuple(self.pools.values()))
-        while True:
-            yield await q.get()
+        self._pool_selection[id(q)] = name
+        try:
+            yield Listed(tuple(p for p in self.pools.values() if name in (None, p.name)))
+            while True:
+                yield await q.get()
+        finally:
+            self._pool_watchers.remove(q)
+            del self._pool_selection[id(q)]
 
     async def watch_endpoint_slices(
         self, namespace: str, services: Collection[str] | None = None

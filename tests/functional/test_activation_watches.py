@@ -1,6 +1,7 @@
 """What a router watches: the EndpointSlices of its own backends' Services, not every
 Service of its namespace (a router fronting one pool among hundreds hears of no other's
-endpoints), and again those of the new set when its config changes the backends."""
+endpoints), and again those of the new set when its config changes the backends; and its
+own ModelPools, each by name, not every ModelPool of the namespace."""
 
 from __future__ import annotations
 
@@ -10,10 +11,20 @@ import pytest
 
 from sidecar.activation import MAX_SELECTED_SERVICES
 from sidecar.config import RouterConfig
+from sidecar.pool_watches import MAX_NAMED_POOLS
 from tests.functional.test_activation import Router, eventually, router_config, running
 from tests.kube_fake import FakeCluster
 
 pytestmark = pytest.mark.functional
+
+
+def with_pool(config: RouterConfig, name: str) -> RouterConfig:
+    heavy = config.pools[0]
+    return replace(config, pools=(*config.pools, replace(heavy, name=name, members=())))
+
+
+def without_pool(config: RouterConfig, name: str) -> RouterConfig:
+    return replace(config, pools=tuple(p for p in config.pools if p.name != name))
 
 
 def with_backend(config: RouterConfig, name: str) -> RouterConfig:
@@ -72,5 +83,67 @@ async def test_a_router_of_too_many_services_watches_the_namespace(
 
     async def body() -> None:
         assert pools.slice_watches == [None]
+
+    await running([router], body)
+
+
+async def test_a_router_watches_its_own_pools_by_name_and_hears_of_no_other(
+    pools: FakeCluster,
+) -> None:
+    pools.set_pool("other", resident_member="elsewhere")  # another router's pool
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        assert pools.pool_watches == ["heavy"]
+        pools.set_pool("other", resident_member=None)
+        pools.set_pool("heavy", resident_member="gemma")
+        await eventually(lambda: router.activation._seen["heavy"].resident_member == "gemma")
+        assert set(router.activation._seen) == {"heavy"}
+
+    await running([router], body)
+
+
+async def test_a_pool_added_to_the_config_is_watched_and_one_removed_is_forgotten(
+    pools: FakeCluster,
+) -> None:
+    pools.set_pool("light", resident_member=None)
+    router = Router(pools, router_config())
+
+    async def body() -> None:
+        both = with_pool(router.config, "light")
+        router.activation.update_config(both)
+        await eventually(lambda: "light" in router.activation._seen)
+        assert sorted(n for n in pools.pool_watches if n) == ["heavy", "light"]
+        router.activation.update_config(both)
+        assert len(pools.pool_watches) == 2  # the same pools: the watches go on
+        router.activation.update_config(without_pool(both, "heavy"))
+        await eventually(lambda: "heavy" not in router.activation._seen)
+        pools.set_pool("heavy", resident_member="gemma")
+        pools.set_pool("light", resident_member="coder")
+        await eventually(lambda: router.activation._seen["light"].resident_member == "coder")
+        assert "heavy" not in router.activation._seen  # its watch stopped
+
+    await running([router], body)
+
+
+async def test_a_router_of_too_many_pools_watches_the_namespace(pools: FakeCluster) -> None:
+    config = router_config()
+    for n in range(MAX_NAMED_POOLS):
+        config = with_pool(config, f"extra-{n}")
+    router = Router(pools, config)
+
+    async def body() -> None:
+        assert pools.pool_watches == [None]
+
+    await running([router], body)
+
+
+async def test_a_router_is_not_ready_before_its_pool_watch_listed(pools: FakeCluster) -> None:
+    router = Router(pools, router_config())
+    assert not router.activation.ready()
+
+    async def body() -> None:
+        assert router.activation.ready()
+        assert router.activation._seen["heavy"].resident_member == "coder"
 
     await running([router], body)

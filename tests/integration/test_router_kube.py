@@ -187,6 +187,26 @@ async def test_a_watch_of_named_services_hears_of_no_other_service(
     await slices.aclose()  # type: ignore[attr-defined]
 
 
+async def test_a_watch_of_a_named_pool_hears_of_no_other_pool(
+    client: KubeClient, kubectl: Kubectl, namespace: str, pool: str
+) -> None:
+    other = {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "other", "namespace": namespace},
+        "spec": {"members": [{"name": "elsewhere"}], "default": "elsewhere"},
+    }
+    kubectl("create", "-f", "-", input=json.dumps(other))
+    pools = client.watch_pools(namespace, pool)
+    listed = await next_event(pools)
+    assert isinstance(listed, Listed) and [p.name for p in listed.items] == [pool]
+    kubectl("label", "modelpool", "other", "-n", namespace, "touched=yes")
+    kubectl("label", "modelpool", pool, "-n", namespace, "touched=yes")
+    changed = await next_event(pools)  # the API server filtered `other` out
+    assert isinstance(changed, Changed) and changed.item.name == pool
+    await pools.aclose()  # type: ignore[attr-defined]
+
+
 def endpoint_slice(namespace: str, service: str) -> dict[str, Any]:
     return {
         "apiVersion": "discovery.k8s.io/v1",

@@ -60,7 +60,7 @@ SIDECAR_LAYERS: list[tuple[str, frozenset[str]]] = [
         "shells",
         frozenset({
             "kube", "reload", "event_reporter", "early_probes", "dead_endpoint", "relay",
-            "held_stream", "errors", "dialects", "metrics",
+            "held_stream", "errors", "dialects", "metrics", "pool_watches",
         }),
     ),
     (
