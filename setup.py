@@ -24,6 +24,7 @@ PRODUCT_SCRIPTS = [
     "modelpool-router = sidecar.__main__:main",
     # the init container of a persisted llama.cpp member (spec.kvCache)
     "modelpool-kv-clean = reconciler.kv_clean:main",
+    "modelpool-kv-files = reconciler.kv_files:main",
 ]
 
 TESTBED_PACKAGES = ["e2e"]

@@ -23,13 +23,15 @@ larger `id_task` is a later task), until the time cap or the size cap would be p
 Removing: before a member's process starts, the files under its own name on the claim
 that no restore will trust are removed (`stale_files`): those of an earlier member of the
 same name (another UID), those older than the age cap, and the oldest past the size cap.
+While members run, the files of every owner not kept are removed (`unkept_files`): a
+member's own once its manifest is consumed or discarded, and those of a member deleted.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -246,3 +248,16 @@ def stale_files(files: Sequence[OnDisk], member: str, uid: str, now: float, max_
         if max_bytes is not None and total > max_bytes:
             gone.add(f.name)
     return sorted(gone)
+
+
+def owner(member: str, uid: str) -> str:
+    """The part of a slot file's name that says whose it is: `{member}-{uid8}`."""
+    return f"{member}-{uid.split('-')[0]}"
+
+
+def unkept_files(names: Iterable[str], keep: Collection[str]) -> list[str]:
+    """The slot files among `names` whose owner (`owner`) is not in `keep`: a member's
+    after its manifest was consumed or discarded, or a member's that no longer exists.
+    Names that are no slot file are left alone."""
+    return sorted(n for n in names
+                  if (m := _SLOT_FILE.match(n)) and f"{m['member']}-{m['uid']}" not in keep)

@@ -24,6 +24,9 @@ ModelServer's `status.kvCache`, built by `status_value` after a save and read ba
 `manifest_from`. A manifest is written only once its saves have answered, so a file cut
 short by a killed pod is named by none; the caller clears `status.kvCache` before a save
 starts (a new save rewrites the same names) and after a restore consumed it.
+
+Removing files goes to the pod's other container, kv-files (`reconciler.kv_files`), which
+has the claim mounted: `prune` names the owners whose files stay.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -113,6 +116,16 @@ class RestoreReport:
     restored: tuple[Restored, ...] = ()
     skipped: tuple[Skipped, ...] = ()
     refused: str | None = None
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What a member pod's kv-files container removed, what it could not (file, why), or
+    why it could not be asked."""
+
+    removed: tuple[str, ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+    error: str | None = None
 
 
 def status_value(report: SaveReport, now: float) -> dict[str, Any] | None:
@@ -229,6 +242,31 @@ class SlotFiles:
             restored.append(Restored(saved.slot, saved.file, _count(body, "n_restored"),
                                      _count(body, "n_read")))
         return RestoreReport(tuple(restored), tuple(skipped))
+
+    async def prune(self, address: Address, keep: Collection[str]) -> PruneReport:
+        """Ask a member pod's kv-files container at `address` (`reconciler.kv_files`) to
+        remove every slot file on its claim whose owner is not in `keep`."""
+        host, port = address
+        url = f"http://{host}:{port}/prune"
+        try:
+            async with self._session.post(url, json={"keep": sorted(keep)},
+                                          timeout=_bound(self._timeout)) as response:
+                text = await response.text()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            return PruneReport(error=f"{url}: {type(e).__name__}")
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if status != 200 or not isinstance(body, dict):
+            return PruneReport(error=f"{url} answered {status}: {text[:_ECHO]}")
+        removed = body.get("removed")
+        failed = body.get("failed")
+        return PruneReport(
+            tuple(str(n) for n in removed) if isinstance(removed, list) else (),
+            tuple((str(f.get("file")), str(f.get("error"))) for f in failed
+                  if isinstance(f, dict)) if isinstance(failed, list) else ())
 
     async def _slots(self, address: Address, seconds: float) -> list[Slot]:
         host, port = address

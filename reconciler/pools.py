@@ -59,7 +59,7 @@ class PoolReconciler:
         self.ctx = ctx
         self.servers = servers
         self.prewarm = prewarm
-        self.slot_saves = SlotSaves(ctx)
+        self.slot_saves = SlotSaves(ctx, servers.kv_prune)
         # Each pool's state, by (namespace, name): its swap (`swap`) or, with a memory
         # budget, its residents (`residency`); restored from status when first seen.
         self.states: dict[tuple[str, str], State] = {}

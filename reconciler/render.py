@@ -86,6 +86,10 @@ SERVER_KINDS: tuple[tuple[str, str], ...] = (
 # What a pool renders and prunes: its ResourceClaim (a claim pool's).
 POOL_KINDS: tuple[tuple[str, str], ...] = (("resource.k8s.io/v1", "ResourceClaim"),)
 RECONCILER_NAME = "modelpool-reconciler"  # its pods' app.kubernetes.io/name
+# A persisted member's container that removes slot files (modelpool-kv-files), its port's
+# name and number.
+KV_FILES = "kv-files"
+KV_FILES_PORT = 8091
 DEFAULT_RECONCILER_NAMESPACE = "modelpool-system"
 ROUTER_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ServiceAccount"),
@@ -283,9 +287,10 @@ class Renderer:
             "slot_gate": SLOT_GATE if pool is not None else None,
             "gpu_footprint": gpu_footprint,
             "kv_mount": KV_CACHE_MOUNT_PATH,
-            "kv_claim_name": _kv_claim_name(ms),
+            "kv_claim_name": kv_claim_name(ms),
             "kv_claim": _kv_claim(ms),
             "kv_clean": self._kv_clean(ms, owner_uid),
+            "kv_files": self._kv_files(ms),
             "label_router": LABEL_ROUTER,
             "reconciler_namespace": self.reconciler_namespace,
             "reconciler_name": RECONCILER_NAME,
@@ -297,13 +302,22 @@ class Renderer:
         product's image, `modelpool-kv-clean`); None without persist or a UID."""
         kv = ms.kv_cache
         uid = ms.uid or owner_uid
-        if kv is None or _kv_claim_name(ms) is None or not uid:
+        if kv is None or kv_claim_name(ms) is None or not uid:
             return None
         args = ["--dir", KV_CACHE_MOUNT_PATH, "--member", ms.name, "--uid", uid,
                 "--max-age", f"{kv.max_age:g}"]
         if kv.max_bytes is not None:
             args += ["--max-size", str(kv.max_bytes)]
         return {"image": self.router_image, "args": args}
+
+    def _kv_files(self, ms: ModelServerSpec) -> dict[str, Any] | None:
+        """The container beside a persisted member's server that removes the slot files no
+        manifest names (the product's image, `modelpool-kv-files`); None without persist."""
+        if kv_claim_name(ms) is None:
+            return None
+        port = kv_files_port(ms)
+        return {"image": self.router_image, "port": port,
+                "args": ["--dir", KV_CACHE_MOUNT_PATH, "--port", str(port)]}
 
     def prewarm_pod(self, ms: ModelServerSpec, *, pool: str, pool_uid: str | None, node: str,
                     deadline: float) -> dict[str, Any] | None:
@@ -396,7 +410,13 @@ class Renderer:
         return self._render(_ROUTER_TEMPLATES, context)
 
 
-def _kv_claim_name(ms: ModelServerSpec) -> str | None:
+def kv_files_port(ms: ModelServerSpec) -> int:
+    """The port of a persisted member's kv-files container: KV_FILES_PORT, or the next one
+    when the server itself listens there."""
+    return KV_FILES_PORT if ms.port != KV_FILES_PORT else KV_FILES_PORT + 1
+
+
+def kv_claim_name(ms: ModelServerSpec) -> str | None:
     """The claim a persisted llama.cpp member's slots are saved to (None: no persist)."""
     kv = ms.kv_cache
     if kv is None or not kv.persist or ms.runtime != "llamacpp":
@@ -407,7 +427,7 @@ def _kv_claim_name(ms: ModelServerSpec) -> str | None:
 def _kv_claim(ms: ModelServerSpec) -> dict[str, str] | None:
     """The claim the reconciler creates for it, when it names a storage class."""
     kv = ms.kv_cache
-    name = _kv_claim_name(ms)
+    name = kv_claim_name(ms)
     if kv is None or name is None or kv.storage_class is None:
         return None
     return {"name": name, "storage_class": kv.storage_class,

@@ -13,6 +13,7 @@ from typing import Any
 from reconciler import device_claim as dc
 from reconciler.context import Context
 from reconciler.footprints import footprints
+from reconciler.kv_prune import KvPrune
 from reconciler.objects import meta
 from reconciler.render import LABEL_SERVER, SERVER_KINDS
 from reconciler.server_status import server_status
@@ -46,6 +47,7 @@ class ServerReconciler:
         self.ctx = ctx
         self.wanted = wanted
         self._rendered: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        self.kv_prune = KvPrune(ctx)
 
     async def reconcile(self, key: Key) -> Result:
         """Bring the server to what its spec and its pool want."""
@@ -61,6 +63,7 @@ class ServerReconciler:
         body = ctx.stores.servers.get(namespace, name)
         if body is None:
             writer.forget_creation(namespace, name)
+            self.kv_prune.server_gone(namespace, name)  # its slot files, from shared claims
             return Result()  # garbage collection removes what it owned
         logger = writer.logger(body, log)
         m = meta(body)
@@ -90,6 +93,7 @@ class ServerReconciler:
         if status.stalled is not None:
             await writer.warn_once(body, logger, status.stalled)
         await writer.write_status(ctx.stores.servers, body, status.owned)
+        self.kv_prune.sync(spec, pods, logger)
         return result.sooner(
             await writer.retry_creation(namespace, name, status.not_created, logger))
 

@@ -8,7 +8,8 @@ once the saves have answered. A save that fails (the server refuses, the disk is
 it cannot be reached) is logged, counted and told by a Warning Event on the ModelServer;
 the unload goes on either way. A restore reads the manifest, restores what matches the new
 process and removes the manifest; one made for another process is discarded, with a log
-line and an Event naming the member and why."""
+line and an Event naming the member and why. Either way the member's files are then
+removed through its pod's kv-files container (`reconciler.kv_prune`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 from reconciler import kv_slots_io as io
 from reconciler.context import Context
 from reconciler.kv_phases import RestoreResult, RestoreSlots, SaveResult, SaveSlots
+from reconciler.kv_prune import KvPrune, files_address
 from reconciler.logs import ObjectLogger
 from reconciler.objects import meta, pod_active
 from reconciler.spec import KvCache, ModelServerSpec, SpecError
@@ -42,7 +44,8 @@ def saved_members(servers: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
 
 class _Target(NamedTuple):
     """A member being saved or restored: the slot files, its body, spec and kvCache, its
-    running pod's address and a logger that posts Events on it."""
+    running pod's address (and its kv-files container's), and a logger that posts Events
+    on it."""
 
     files: io.SlotFiles
     body: Mapping[str, Any]
@@ -50,11 +53,13 @@ class _Target(NamedTuple):
     kv: KvCache
     address: io.Address
     logger: ObjectLogger
+    prune_at: io.Address | None
 
 
 class SlotSaves:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, prune: KvPrune) -> None:
         self.ctx = ctx
+        self.prune = prune
 
     def save(self, namespace: str, action: SaveSlots, answer: Answer) -> None:
         self.ctx.background.start(self._run(namespace, action, answer), f"save-{action.member}")
@@ -99,7 +104,7 @@ class SlotSaves:
             ip = (pod.get("status") or {}).get("podIP")
             if pod_active(pod) and ip and not meta(pod).get("deletionTimestamp"):
                 return _Target(files, body, spec, kv, (str(ip), spec.port),
-                               self.ctx.writer.logger(body, log))
+                               self.ctx.writer.logger(body, log), files_address(pod))
         return None
 
     async def _write(self, namespace: str, member: str, value: dict[str, Any] | None) -> None:
@@ -119,7 +124,7 @@ class SlotSaves:
         target = self._target(namespace, action.member)
         if target is None:
             return
-        files, _, spec, kv, address, logger = target
+        files, _, spec, kv, address, logger, _ = target
         await self._write(namespace, action.member, None)
         left = max(0.0, min(kv.save_timeout, action.deadline - ctx.clock()))
         report = await files.save(address, spec.name, spec.uid or "", replace(
@@ -144,14 +149,26 @@ class SlotSaves:
                         f"{kv.save_timeout:g}s (the unload goes on)")
 
     async def _restore(self, namespace: str, action: RestoreSlots) -> None:
-        ctx = self.ctx
         target = self._target(namespace, action.member)
         if target is None:
             return
-        files, body, spec, kv, address, logger = target
-        value = (body.get("status") or {}).get("kvCache")
+        value = (target.body.get("status") or {}).get("kvCache")
         if value is None:
             return
+        try:
+            await self._restore_from(namespace, action, target, value)
+        finally:
+            # Restored or discarded, its files are named by no manifest any more: removed
+            # beside, the member's load does not wait for it.
+            if target.prune_at is not None:
+                self.ctx.background.run(functools.partial(
+                    self.prune.after_restore, target.spec, target.prune_at, target.logger),
+                    f"kv-prune-{action.member}")
+
+    async def _restore_from(self, namespace: str, action: RestoreSlots, target: _Target,
+                            value: Any) -> None:
+        ctx = self.ctx
+        files, _, spec, kv, address, logger, _ = target
         count = ctx.metrics.kv_slots_total
         try:
             manifest = io.manifest_from(value)

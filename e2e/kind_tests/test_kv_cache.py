@@ -4,7 +4,7 @@ driven with the `openai` SDK. A conversation of more than 2,000 tokens on the ll
 member, a swap to the other and back, and the next turn is served from the restored cache:
 llama-server's own `timings.cache_n` covers the earlier context. With `persist` off the
 same turn computes everything again (`cache_n` 0), and a cache saved for another context
-size is not restored."""
+size is not restored. Restored or discarded, the member's slot files leave the claim."""
 
 from __future__ import annotations
 
@@ -66,6 +66,12 @@ def slot_files(directory: str) -> list[str]:
     return sorted(f for f in done.stdout.split() if f.endswith(".bin"))
 
 
+def claim_emptied(directory: str) -> None:
+    harness.eventually(lambda: True if not slot_files(directory) else None,
+                       "the restored slot files removed from the claim", 60.0,
+                       lambda: slot_files(directory))
+
+
 @pytest.mark.parametrize("persist", [True, False], ids=["persist", "no-persist"])
 async def test_the_next_turn_after_a_swap_is_served_from_the_restored_cache(
     kind_kubectl: Kubectl, restricted_namespace: str, persist: bool,
@@ -113,6 +119,9 @@ async def test_the_next_turn_after_a_swap_is_served_from_the_restored_cache(
             # The manifest that named the file is consumed: nothing restores it again.
             member = harness.get(kubectl, ns, f"modelservers.{harness.GROUP}", "gemma")
             assert "kvCache" not in (member.get("status") or {}), member["status"]
+            # ...and its files removed by the pod's kv-files container, which the
+            # reconciler reaches through the member's NetworkPolicy
+            await asyncio.to_thread(claim_emptied, directory)
 
             # Saved again on the way out; the member comes back with another context size:
             # that cache is not restored.
@@ -122,6 +131,7 @@ async def test_the_next_turn_after_a_swap_is_served_from_the_restored_cache(
                          {"role": "user", "content": "again?"}]
             _, prompt, cached = await turn(client, messages)
             assert cached == 0, (cached, prompt)
+            await asyncio.to_thread(claim_emptied, directory)  # discarded: removed too
         finally:
             await client.close()
     finally:

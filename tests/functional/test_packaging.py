@@ -23,7 +23,8 @@ pytestmark = pytest.mark.functional
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_PACKAGES = {"reconciler", "sidecar", "telemetry", "kubecore", "templates"}
-PRODUCT_COMMANDS = {"modelpool-reconciler", "modelpool-router", "modelpool-kv-clean"}
+PRODUCT_COMMANDS = {"modelpool-reconciler", "modelpool-router", "modelpool-kv-clean",
+                    "modelpool-kv-files"}
 TESTBED_COMMANDS = {"modelpool-local", "modelpool-fake-model"}
 # What a copy of the checkout leaves out: version control, environments, caches, builds.
 NOT_COPIED = (".git", ".venv", "build", "dist", "mutants", "__pycache__", "*.egg-info",

@@ -107,14 +107,14 @@ async def swap_away_and_back(running: Running, kubectl: Any, namespace: str
 async def test_a_persisted_members_slot_comes_back_after_a_swap_away_and_back(
     running: Running, kubectl: Any, namespace: str, kv_claim: Path
 ) -> None:
-    # left by an earlier member named a: removed before a's process starts
+    # left by an earlier member named a (removed before a's process starts), and by a
+    # member that is no ModelServer any more (removed by a's kv-files once a runs)
     (kv_claim / "a-99999999-deadbeef-slot0.bin").write_bytes(b"old")
     (kv_claim / "other-99999999-deadbeef-slot0.bin").write_bytes(b"not a's")
     apply(kubectl, namespace, persisted("a"), server("b"), pool(["a", "b"]),
           router(["a", "b"]))
     await ready_with(running, "a")
-    left = await asyncio.to_thread(lambda: sorted(p.name for p in kv_claim.iterdir()))
-    assert left == ["other-99999999-deadbeef-slot0.bin"]
+    await eventually(lambda: claim_holds(kv_claim, []), "the claim emptied", 30)
     first, follow = await swap_away_and_back(running, kubectl, namespace)
     context = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
     assert follow["timings"]["cache_n"] >= context, follow["timings"]
@@ -132,6 +132,38 @@ async def test_a_persisted_members_slot_comes_back_after_a_swap_away_and_back(
                              outcome="restored") >= 1
     member = await running.get("modelservers", "a")
     assert "kvCache" not in (member.get("status") or {})  # consumed by the restore
+    # ...and the files it named removed with it
+    await eventually(lambda: claim_holds(kv_claim, []), "a's restored files removed", 30)
+
+
+async def claim_holds(directory: Path, names: list[str]) -> bool | None:
+    """True once `directory` holds exactly `names` (None until then)."""
+    found = await asyncio.to_thread(lambda: sorted(p.name for p in directory.iterdir()))
+    return True if found == sorted(names) else None
+
+
+async def test_a_member_deleted_from_a_shared_claim_has_its_files_removed(
+    running: Running, kubectl: Any, namespace: str, kv_claim: Path
+) -> None:
+    kept, gone = persisted("keeps"), persisted("gone")
+    kept["spec"]["replicas"] = 1
+    gone["spec"]["replicas"] = 0
+    apply(kubectl, namespace, kept, gone)
+    uids = {n: (await running.get("modelservers", n))["metadata"]["uid"].split("-")[0]
+            for n in ("keeps", "gone")}
+    mine = f"keeps-{uids['keeps']}-deadbeef-slot0.bin"
+    theirs = f"gone-{uids['gone']}-deadbeef-slot1.bin"
+    for name in (mine, theirs):
+        (kv_claim / name).write_bytes(b"a saved slot")
+
+    async def serving() -> bool | None:
+        body = await running.get("modelservers", "keeps")
+        return True if (body.get("status") or {}).get("phase") == "Ready" else None
+
+    await eventually(serving, "keeps Ready", 90)
+    assert await claim_holds(kv_claim, [mine, theirs])  # both owners are ModelServers
+    kubectl("delete", "modelserver", "gone", "-n", namespace)
+    await eventually(lambda: claim_holds(kv_claim, [mine]), "gone's files removed", 60)
 
 
 async def test_without_persist_the_next_turn_reads_its_context_again(

@@ -142,3 +142,22 @@ def test_kv_clean_removes_the_stale_files_and_never_fails(tmp_path: Path) -> Non
         "chat-0123abcd-deadbeef-slot0.bin", "other-99999999-deadbeef-slot0.bin"]
     assert kv_clean.main(["--dir", str(tmp_path / "absent"), "--member", "chat",
                           "--uid", UID, "--max-age", "1"]) == 0
+
+
+def test_a_slot_files_owner_is_its_member_and_the_first_part_of_its_uid() -> None:
+    assert kv_cache.owner("chat", UID) == f"chat-{UID.split('-')[0]}"
+
+
+def test_unkept_files_are_the_slot_files_of_owners_not_kept() -> None:
+    names = ["chat-a1b2c3d4-00000000-slot0.bin", "chat-a1b2c3d4-11111111-slot1.bin",
+             "qwen-2-7b-0a1b2c3d-22222222-slot0.bin", "old-9e8d7c6b-33333333-slot2.bin",
+             "chat-a1b2c3d4-slot0.bin", "readme.txt"]
+    assert kv_cache.unkept_files(names, {"chat-a1b2c3d4", "qwen-2-7b-0a1b2c3d"}) == [
+        "old-9e8d7c6b-33333333-slot2.bin"]
+    assert kv_cache.unkept_files(names, {"qwen-2-7b-0a1b2c3d"}) == [
+        "chat-a1b2c3d4-00000000-slot0.bin", "chat-a1b2c3d4-11111111-slot1.bin",
+        "old-9e8d7c6b-33333333-slot2.bin"]
+    assert kv_cache.unkept_files(names, set()) == sorted(names[:4])
+    # an owner is the whole prefix: a member whose name ends like another's keeps its own
+    assert kv_cache.unkept_files(["b-chat-a1b2c3d4-00000000-slot0.bin"],
+                                 {"chat-a1b2c3d4"}) == ["b-chat-a1b2c3d4-00000000-slot0.bin"]

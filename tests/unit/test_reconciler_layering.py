@@ -4,7 +4,8 @@ dispatch) sits on the three reconcilers of one kind each, which sit on what they
 it, the modules import each other in no cycle, the pure ones import nothing that
 waits or talks, and only the two adapters that call model servers (the idle probe, the
 slot saves and restores) import aiohttp (`kube` talks to the API server through kr8s),
-each on pure decisions alone."""
+each on pure decisions alone; `kv_files`, the program of a member pod's kv-files
+container, serves with aiohttp's server and calls nobody."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ PURE = ("swap", "residency", "pool_status", "server_status", "router_status", "m
 IO = {"kr8s", "httpx", "aiohttp", "asyncio", "time", "socket", "os", "prometheus_client"}
 # The modules that call model servers; `__main__` builds their session.
 UPSTREAM = {"probes": {"idle", "swap"}, "kv_slots_io": {"kv_cache", "spec"}}
+# Programs of their own that serve HTTP (aiohttp's server), on pure decisions alone.
+SERVING = {"kv_files": {"kv_cache"}}
 # Each layer imports only from the layers after it.
 LAYERS = (
     {"__main__"},
     {"controller"},
     {"pools"},
     {"servers", "routers", "prewarm", "slot_saves"},
+    {"kv_prune"},
     {"context"},
     {"writes", "lookups"},
     {"settling"},
@@ -69,7 +73,18 @@ def test_pure_modules_import_no_io(module: str) -> None:
 
 def test_only_the_upstream_adapters_call_model_servers() -> None:
     calling = {m for m in _modules() if m != "__main__" and "aiohttp" in _imports(m)[0]}
-    assert calling == set(UPSTREAM)
+    assert calling == set(UPSTREAM) | set(SERVING)
+
+
+@pytest.mark.parametrize("module", sorted(SERVING))
+def test_a_serving_program_imports_aiohttps_server_alone_on_pure_decisions(
+        module: str) -> None:
+    path = RECONCILER / f"{module}.py"
+    from_aiohttp = {alias.name for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module == "aiohttp"
+                    for alias in node.names}
+    assert from_aiohttp == {"web"}
+    assert _imports(module)[1] == SERVING[module]
 
 
 @pytest.mark.parametrize("module", sorted(UPSTREAM))

@@ -212,9 +212,27 @@ def test_service_port_is_named_http() -> None:
 
 def test_a_persisted_kv_cache_is_llama_servers_slot_save_path_on_its_claim() -> None:
     ms = replace(GEMMA, kv_cache=KvCache(persist=True, pvc="gemma-kv"))
-    deploy = _one(RENDERER.model_server(ms, replicas=1, owner_uid=None), "Deployment")
+    objects = RENDERER.model_server(ms, replicas=1, owner_uid=None)
+    deploy = _one(objects, "Deployment")
     pod = deploy["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container, files = pod["containers"]
+    # beside llama-server, the product's image removes the files no manifest names
+    assert files["name"] == "kv-files" and files["image"] == RENDERER.router_image
+    assert files["command"] == ["modelpool-kv-files"]
+    assert files["args"] == ["--dir", "/var/lib/modelpool/kv-cache", "--port", "8091"]
+    assert files["ports"] == [{"name": "kv-files", "containerPort": 8091, "protocol": "TCP"}]
+    assert files["volumeMounts"] == [{"name": "kv-cache",
+                                      "mountPath": "/var/lib/modelpool/kv-cache"}]
+    assert files["securityContext"]["runAsNonRoot"] is True
+    # ...whose port only the reconciler's pods may reach
+    rules = _one(objects, "NetworkPolicy")["spec"]["ingress"]
+    kv_rule = next(r for r in rules if r["ports"] == [{"port": "kv-files", "protocol": "TCP"}])
+    assert [f["podSelector"]["matchLabels"] for f in kv_rule["from"]] == [
+        {"app.kubernetes.io/name": "modelpool-reconciler"}]
+    on_port = replace(ms, port=8091)  # a server on 8091 moves it to the next port
+    moved = _one(RENDERER.model_server(on_port, replicas=1, owner_uid=None), "Deployment")
+    assert moved["spec"]["template"]["spec"]["containers"][1]["ports"][0][
+        "containerPort"] == 8092
     args = container["args"]
     assert args[args.index("--slot-save-path") + 1] == "/var/lib/modelpool/kv-cache/"
     assert {"name": "kv-cache", "mountPath": "/var/lib/modelpool/kv-cache"} in container[
@@ -223,9 +241,8 @@ def test_a_persisted_kv_cache_is_llama_servers_slot_save_path_on_its_claim() -> 
         "volumes"]
     # off: nothing of it
     off = replace(GEMMA, kv_cache=KvCache(persist=False, pvc="gemma-kv"))
-    text = json.dumps(_one(RENDERER.model_server(off, replicas=1, owner_uid=None),
-                           "Deployment"))
-    assert "slot-save-path" not in text and "kv-cache" not in text
+    text = json.dumps(RENDERER.model_server(off, replicas=1, owner_uid=None))
+    assert "slot-save-path" not in text and "kv-cache" not in text and "kv-files" not in text
 
 
 def test_a_storage_class_gets_a_claim_owned_by_the_server_and_named_for_it() -> None:

@@ -50,6 +50,7 @@ PRODUCT_COMMANDS: Mapping[str, tuple[str, ...]] = {
     "modelpool-reconciler": ("-m", "reconciler"),
     "modelpool-router": ("-m", "sidecar"),
     "modelpool-kv-clean": ("-m", "reconciler.kv_clean"),
+    "modelpool-kv-files": ("-m", "reconciler.kv_files"),
 }
 
 
