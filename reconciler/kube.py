@@ -362,8 +362,9 @@ class Kube:
         message: str,
         now: float,
         instance: str,
-    ) -> None:
-        """A core/v1 Event about `involved` (an object body), as `kubectl describe` shows."""
+    ) -> str | None:
+        """A core/v1 Event about `involved` (an object body), as `kubectl describe` shows;
+        its name."""
         meta = involved.get("metadata") or {}
         namespace = meta.get("namespace") or "default"
         stamp = rfc3339(now)
@@ -391,7 +392,15 @@ class Kube:
             "action": reason,
             "count": 1,
         }
-        await self.create(EVENTS, namespace, event)
+        created = await self.create(EVENTS, namespace, event)
+        name = (created.get("metadata") or {}).get("name")
+        return name if isinstance(name, str) else None
+
+    async def count_event(self, namespace: str, name: str, count: int, now: float) -> None:
+        """Another occurrence of the Event `name`: its `count` and `lastTimestamp`."""
+        await self._patch(EVENTS, namespace, name,
+                          {"count": count, "lastTimestamp": rfc3339(now)},
+                          "application/merge-patch+json")
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -34,6 +34,12 @@ CREATE_RETRIED = "modelpool.dev/create-retried-at"
 APPLIED_MEMO_SIZE = 16384
 
 
+# An Event repeated within this long is counted on the one posted (client-go's recorder
+# keeps a series for ten minutes too); at most this many are remembered.
+EVENT_SERIES_SECONDS = 600.0
+EVENT_SERIES_KEPT = 4096
+
+
 class Writer:
     def __init__(self, kube: k.Kube, metrics: ReconcilerMetrics, stores: Stores,
                  clock: Callable[[], float], identity: str,
@@ -51,6 +57,9 @@ class Writer:
         # When each Deployment whose pods cannot be created was last retried (or first
         # seen failing), by (namespace, name): see `retry_creation`.
         self._create_retried: dict[tuple[str, str], float] = {}
+        # The Events posted lately, by (namespace, kind, name, uid, type, reason, message):
+        # (the Event's name, its count, when last posted or counted); see `post_event`.
+        self._events: dict[tuple[str, ...], tuple[str, int, float]] = {}
 
     # Rendered objects
 
@@ -220,9 +229,33 @@ class Writer:
 
     async def post_event(self, body: Mapping[str, Any], type_: str, reason: str,
                          message: str) -> None:
-        await self.kube.post_event(body, type_=type_, reason=reason, message=message,
-                                   now=self.clock(), instance=self.identity)
+        """An Event about `body`. One this reconciler posted about the same object, of the
+        same type, reason and message, less than EVENT_SERIES_SECONDS ago is counted
+        again (its `count` and `lastTimestamp`) instead, as client-go's recorder does: a
+        condition that comes and goes shows once, `x2` in `kubectl describe`."""
+        m = meta(body)
+        namespace = str(m.get("namespace") or "default")
+        key = (namespace, str(body.get("kind")), str(m.get("name")), str(m.get("uid")),
+               type_, reason, message)
+        now = self.clock()
+        seen = self._events.pop(key, None)
+        if seen is not None and now - seen[2] < EVENT_SERIES_SECONDS:
+            name, count, _ = seen
+            try:
+                await self.kube.count_event(namespace, name, count + 1, now)
+            except k.NotFound:
+                pass  # gone (expired, deleted): posted anew
+            else:
+                self._events[key] = (name, count + 1, now)
+                self.metrics.api_writes_total.labels("patch", "Event").inc()
+                return
+        posted = await self.kube.post_event(body, type_=type_, reason=reason,
+                                            message=message, now=now, instance=self.identity)
         self.metrics.api_writes_total.labels("create", "Event").inc()
+        if posted is not None:
+            self._events[key] = (posted, 1, now)
+            while len(self._events) > EVENT_SERIES_KEPT:
+                del self._events[next(iter(self._events))]  # the least recently posted
 
     def logger(self, body: Mapping[str, Any], to: logging.Logger) -> ObjectLogger:
         """A logger for `body`, writing to `to`, whose events are posted as Kubernetes
