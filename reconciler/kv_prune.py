@@ -24,7 +24,7 @@ from reconciler import kv_cache
 from reconciler.context import Context
 from reconciler.kv_slots_io import Address, PruneReport
 from reconciler.logs import ObjectLogger
-from reconciler.objects import meta, pod_active
+from reconciler.objects import meta, pod_ready
 from reconciler.render import KV_FILES, kv_claim_name
 from reconciler.spec import ModelServerSpec, SpecError
 from reconciler.stores import SERVER
@@ -35,9 +35,10 @@ RETRY_SECONDS = (2.0, 5.0, 15.0, 60.0, 300.0)
 
 
 def files_address(pod: Mapping[str, Any]) -> Address | None:
-    """The address of a running pod's kv-files container (None: it has none, or no IP)."""
+    """The address of a Ready pod's kv-files container (None: it has none, or the pod is
+    not Ready: the container then may not listen yet)."""
     ip = (pod.get("status") or {}).get("podIP")
-    if not ip or not pod_active(pod) or meta(pod).get("deletionTimestamp"):
+    if not ip or not pod_ready(pod) or meta(pod).get("deletionTimestamp"):
         return None
     for container in (pod.get("spec") or {}).get("containers") or ():
         if container.get("name") != KV_FILES:
@@ -54,6 +55,7 @@ class KvPrune:
         # Per (namespace, member): the owners each of its pods was last pruned with.
         self._done: dict[tuple[str, str], dict[str, frozenset[str]]] = {}
         self._failures: dict[str, int] = {}  # by pod UID
+        self._retrying: set[str] = set()  # pod UIDs with a retry waiting
 
     def keep(self, namespace: str, claim: str) -> frozenset[str]:
         """The owners whose files stay on `claim`."""
@@ -128,7 +130,13 @@ class KvPrune:
         done.pop(pod_uid, None)
         failures = self._failures.get(pod_uid, 0)
         self._failures[pod_uid] = failures + 1
-        await asyncio.sleep(RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)])
+        if pod_uid in self._retrying:
+            return  # one retry waits already
+        self._retrying.add(pod_uid)
+        try:
+            await asyncio.sleep(RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)])
+        finally:
+            self._retrying.discard(pod_uid)
         self.ctx.add(SERVER, spec.namespace, spec.name)
 
 

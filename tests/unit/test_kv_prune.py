@@ -79,6 +79,7 @@ def test_the_owners_kept_are_the_servers_on_that_claim_and_those_unreadable() ->
 def test_a_pods_kv_files_address_is_its_ip_and_the_named_port() -> None:
     assert files_address(with_files(pod("a"), "u")) == ("127.1.0.9", 8091)
     assert files_address(pod("a")) is None  # no such container
+    assert files_address(with_files(pod("a", ready=False), "u")) is None  # may not listen yet
     deleted = with_files(pod("a"), "u")
     deleted["metadata"]["deletionTimestamp"] = "2026-12-06T10:00:00Z"
     assert files_address(deleted) is None
