@@ -107,6 +107,9 @@ async def test_the_next_turn_after_a_swap_is_served_from_the_restored_cache(
             messages += [{"role": "assistant", "content": answer},
                          {"role": "user", "content": "and then?"}]
             _, prompt, cached = await turn(client, messages)
+            # The router may answer on its own early probe of gemma before the pool's
+            # status says the swap ended (docs/router.md): the status is waited for.
+            await asyncio.to_thread(harness.wait_pool_ready, kubectl, ns, POOL, "gemma", 60.0)
             status = harness.pool_status(kubectl, ns, POOL)
             assert status["lastSwap"]["to"] == "gemma", status["lastSwap"]
             if not persist:
