@@ -66,6 +66,10 @@ def server(claim: Path, tmp_path: Path) -> Iterator[tuple[str, int]]:
         log.close()
 
 
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
@@ -80,7 +84,7 @@ async def test_only_the_slot_files_of_owners_not_kept_are_removed(
     assert sorted(report.removed) == [f"{GEMMA}-11112222-slot0.bin",
                                       f"{GEMMA}-11112222-slot1.bin",
                                       f"{GONE}-55556666-slot3.bin"]
-    assert sorted(p.name for p in claim.iterdir()) == [
+    assert listing(claim) == [
         "lost+found.txt", "notes-slot0.bin", f"{QWEN}-33334444-slot0.bin"]
     again = await SlotFiles(http).prune(server, [QWEN])
     assert again.removed == () and again.error is None
@@ -89,10 +93,10 @@ async def test_only_the_slot_files_of_owners_not_kept_are_removed(
 async def test_every_owner_kept_removes_nothing(
     server: tuple[str, int], claim: Path, http: aiohttp.ClientSession
 ) -> None:
-    before = sorted(p.name for p in claim.iterdir())
+    before = listing(claim)
     report = await SlotFiles(http).prune(server, [GEMMA, QWEN, GONE])
     assert report.removed == () and report.error is None
-    assert sorted(p.name for p in claim.iterdir()) == before
+    assert listing(claim) == before
 
 
 @pytest.mark.parametrize(("body", "says"), [
@@ -105,12 +109,12 @@ async def test_every_owner_kept_removes_nothing(
 async def test_a_body_of_another_shape_is_a_400_that_says_what_is_wrong(
     server: tuple[str, int], claim: Path, http: aiohttp.ClientSession, body: bytes, says: str
 ) -> None:
-    before = sorted(p.name for p in claim.iterdir())
+    before = listing(claim)
     host, port = server
     async with http.post(f"http://{host}:{port}/prune", data=body) as response:
         assert response.status == 400
         assert says in (await response.json())["error"]
-    assert sorted(p.name for p in claim.iterdir()) == before
+    assert listing(claim) == before
 
 
 async def test_a_container_that_cannot_be_reached_is_reported_not_raised(
