@@ -539,6 +539,8 @@ class Activation:
         for stopped in self._pool_watches.sync(self._tasks, [p.name for p in self._config.pools]):
             if stopped is not None:
                 self._seen.pop(stopped, None)
+        if self._pool_watches.listed():
+            self._pools_synced = True  # no pool to watch: nothing to wait for
 
     def _pool_event(self, selection: str | None, event: WatchEvent[PoolStatus]) -> None:
         """An event of the watch of pool `selection` (None: of every pool of the namespace)."""

@@ -56,8 +56,8 @@ class PoolWatches:
         return stopped
 
     def listed(self) -> bool:
-        """Every running watch has listed once."""
-        return bool(self._tasks) and self._listed >= self._tasks.keys()
+        """Every running watch has listed once (true with none: a router of no pool)."""
+        return self._listed >= self._tasks.keys()
 
     def selections(self) -> frozenset[str | None]:
         return frozenset(self._tasks)

@@ -147,3 +147,14 @@ async def test_a_router_is_not_ready_before_its_pool_watch_listed(pools: FakeClu
         assert router.activation._seen["heavy"].resident_member == "coder"
 
     await running([router], body)
+
+
+async def test_a_router_of_no_pool_watches_none_and_is_ready(pools: FakeCluster) -> None:
+    config = replace(router_config(), pools=())
+    router = Router(pools, config)
+
+    async def body() -> None:
+        assert router.activation.ready()
+        assert pools.pool_watches == []
+
+    await running([router], body)
