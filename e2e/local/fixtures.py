@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from e2e import kube_reads
 from e2e.local import controlplane
 from e2e.local.paths import REPO_ROOT, default_state_dir
 from kubecore.client import opened
@@ -183,11 +184,14 @@ def kubeconfig(cluster: controlplane.LocalCluster) -> Path:
 
 
 class Kubectl:
-    """Runs kubectl against the cluster: `kubectl("get", "pods", "-n", ns)`."""
+    """Runs kubectl against the cluster: `kubectl("get", "pods", "-n", ns)`. Its `json`
+    reads answer `get` in this process where they can (e2e.kube_reads: the same output, no
+    process per read), and run kubectl for every other shape."""
 
-    def __init__(self, kubeconfig: Path, binary: str) -> None:
+    def __init__(self, kubeconfig: Path, binary: str, *, in_process: bool = True) -> None:
         self.kubeconfig = kubeconfig
         self.binary = binary
+        self.reads = kube_reads.Reads(kubeconfig) if in_process else None
 
     def __call__(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
@@ -204,6 +208,13 @@ class Kubectl:
 
     def json(self, *args: str) -> Any:
         """`kubectl get ... -o json`, parsed."""
+        if self.reads is not None:
+            try:
+                answered = self.reads.get(args)
+            except kube_reads.Failed as e:
+                raise AssertionError(f"kubectl {' '.join(args)} exited 1: {e}") from None
+            if answered is not None:
+                return answered
         return json.loads(self(*args, "-o", "json").stdout)
 
 
