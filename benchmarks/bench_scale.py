@@ -28,6 +28,9 @@ routers start).
     .venv/bin/python benchmarks/bench_scale.py --json out.json      # the figures as JSON too
     .venv/bin/python benchmarks/bench_scale.py --sizes 100 --reconciler-workers 4,16
                                            # each size once per worker count, side by side
+    .venv/bin/python benchmarks/bench_scale.py --sizes 500 --controller-qps 20,200
+                                           # and once per client rate of the controller
+                                           # manager and scheduler (theirs: 20 and 50)
 
 Needs Go for the first build of the control plane and KWOK (cached after). Every cluster
 is taken down at the end unless `--keep`.
@@ -143,6 +146,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all but idle and iowait) since boot."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / CLK_TCK
+
+
 def rss_mb(pid: int, field_name: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field_name + ":"):
@@ -194,6 +203,11 @@ class Wave:
     # the reconciler's seconds per swap phase, summed over the wave's swaps
     phases: dict[str, float] = field(default_factory=dict)
     failed: int = 0
+    # CPU seconds each process of the testbed spent during the wave, and the machine's
+    # busy seconds and wall seconds (its saturation)
+    components: dict[str, float] = field(default_factory=dict)
+    machine_busy: float = 0.0
+    wall: float = 0.0
 
 
 @dataclass
@@ -202,6 +216,8 @@ class SizeResult:
     budgeted: int
     routers: int
     workers: int | None = None  # the reconciler's --workers (None: its default)
+    # The controller manager's and scheduler's --kube-api-qps (None: their default, 20 and 50).
+    api_qps: int | None = None
     setup_seconds: float = 0.0
     idle_seconds: float = 0.0
     idle_cpu_share: float = 0.0
@@ -227,14 +243,16 @@ class SizeResult:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, pools: int, root: Path,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, api_qps: int | None = None) -> None:
         self.args = args
         self.pools = pools
         self.workers = workers  # the reconciler's --workers (None: its default)
+        self.api_qps = api_qps
         self.root = root
         self.routers = min(args.routers, pools)
         self.budget_pools = [p for p in range(pools) if budgeted(p, args.budget_every)]
-        self.result = SizeResult(pools, len(self.budget_pools), self.routers, workers=workers)
+        self.result = SizeResult(pools, len(self.budget_pools), self.routers, workers=workers,
+                                 api_qps=api_qps)
         self.cluster: controlplane.LocalCluster | None = None
         self.kube: k.Kube | None = None
         self.standin = StandIn()
@@ -249,7 +267,8 @@ class Bench:
     def up(self) -> controlplane.LocalCluster:
         return controlplane.up(controlplane.UpOptions(
             state_dir=self.root / "cluster", python=sys.executable, with_node=False,
-            bin_dir=self.cluster.bin_dir if self.cluster else None, timeout=300.0))
+            bin_dir=self.cluster.bin_dir if self.cluster else None, timeout=300.0,
+            api_qps=self.api_qps))
 
     @property
     def kubectl(self) -> Kubectl:
@@ -424,7 +443,12 @@ class Bench:
         # the scrapes of /metrics stay out of the CPU measured (`scrape_cpu` is theirs)
         requests, phases = await self.scrape()
         cpu, routers_cpu = cpu_seconds(pid), self.routers_cpu()
+        components, busy, started = self.components_cpu(), machine_busy_seconds(), \
+            time.monotonic()
         results = await asyncio.gather(*(self.swap(p) for p in pools), return_exceptions=True)
+        wave.wall = time.monotonic() - started
+        wave.machine_busy = machine_busy_seconds() - busy
+        wave.components = minus(self.components_cpu(), components)
         await asyncio.sleep(1.0)  # the status writes that follow a swap's completion
         wave.cpu = cpu_seconds(pid) - cpu
         wave.routers_cpu = self.routers_cpu() - routers_cpu
@@ -565,6 +589,20 @@ class Bench:
     def routers_cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.router_pids)
 
+    def components_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each process of the testbed: the control plane, KWOK, the
+        reconciler, the routers together, and this process (the stand-in and the driver)."""
+        assert self.cluster is not None
+        found = {"reconciler": cpu_seconds(self.reconciler_pid),
+                 "routers": self.routers_cpu(), "bench and stand-in": cpu_seconds(os.getpid())}
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                     testbed.KWOK):
+            running = processes.running(self.cluster.layout.pid(name))
+            if running is not None:
+                with contextlib.suppress(OSError):
+                    found[name] = cpu_seconds(running)
+        return found
+
     def router_memory(self) -> None:
         self.result.router_rss_mb = [rss_mb(pid) for pid in self.router_pids]
 
@@ -681,7 +719,8 @@ def report(results: Sequence[SizeResult]) -> str:
         rss = r.router_rss_mb or [float("nan")]
         lines += [
             f"== {r.pools} pools ({r.budgeted} with a memory budget), {r.routers} routers"
-            + ("" if r.workers is None else f", reconciler on {r.workers} workers") + " ==",
+            + ("" if r.workers is None else f", reconciler on {r.workers} workers")
+            + ("" if r.api_qps is None else f", controllers' client at {r.api_qps} QPS") + " ==",
             f"setup to all Ready: {r.setup_seconds:.0f}s",
             f"reconciler idle: {r.idle_cpu_share * 100:.2f}% of a core; "
             f"RSS {r.rss_mb:.0f} MB (peak {r.peak_rss_mb:.0f} MB)",
@@ -707,6 +746,17 @@ def report(results: Sequence[SizeResult]) -> str:
                 f"the lone p95); reconciler {wave_cpu / wave_time * 100:.0f}% of a core "
                 f"while swapping; failed {sum(w.failed for w in waves)}; mean phases "
                 f"{fmt_verbs(phases)}")
+            walls = sum(w.wall for w in waves)
+            if walls > 0:
+                spent: dict[str, float] = {}
+                for w in waves:
+                    for name, seconds_ in w.components.items():
+                        spent[name] = spent.get(name, 0.0) + seconds_ / max(1, len(values))
+                lines.append(
+                    f"      machine {sum(w.machine_busy for w in waves) / walls:.2f} of "
+                    f"{os.cpu_count()} cores busy; CPU ms per swap: "
+                    + ", ".join(f"{n} {v * 1000:.0f}" for n, v in
+                                sorted(spent.items(), key=lambda kv: -kv[1])))
         for w in r.budget_waves:
             lines.append(f"  budgeted, {w.concurrency} at once: p50 "
                          f"{quantile(w.seconds, 0.5):.2f}s p95 {quantile(w.seconds, 0.95):.2f}s "
@@ -740,6 +790,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--reconciler-workers", default="",
                    help="the reconciler's --workers, comma-separated: each size is run once "
                         "with each (default: the reconciler's own default)")
+    p.add_argument("--controller-qps", default="",
+                   help="the controller manager's and scheduler's --kube-api-qps, "
+                        "comma-separated: each size is run once with each (default: theirs, "
+                        "20 and 50)")
     p.add_argument("--idle", type=float, default=60.0, help="seconds measured at idle")
     p.add_argument("--settle", type=float, default=15.0,
                    help="seconds waited before the idle window")
@@ -752,6 +806,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.sizes = [int(s) for s in str(args.sizes).split(",")]
     args.concurrency = [int(c) for c in str(args.concurrency).split(",")]
     args.reconciler_workers = [int(w) for w in str(args.reconciler_workers).split(",") if w]
+    args.controller_qps = [int(q) for q in str(args.controller_qps).split(",") if q]
     return args
 
 
@@ -759,11 +814,13 @@ async def main_async(args: argparse.Namespace) -> list[SizeResult]:
     results = []
     for size in args.sizes:
         for workers in args.reconciler_workers or [None]:
-            root = Path(tempfile.mkdtemp(prefix=f"modelpool-scale-{size}-"))
-            log(f"--- {size} pools in {root}"
-                + ("" if workers is None else f", the reconciler on {workers} workers"))
-            results.append(await Bench(args, size, root, workers).run())
-            print(report(results[-1:]), flush=True)
+            for qps in args.controller_qps or [None]:
+                root = Path(tempfile.mkdtemp(prefix=f"modelpool-scale-{size}-"))
+                log(f"--- {size} pools in {root}"
+                    + ("" if workers is None else f", the reconciler on {workers} workers")
+                    + ("" if qps is None else f", the controllers' client at {qps} QPS"))
+                results.append(await Bench(args, size, root, workers, qps).run())
+                print(report(results[-1:]), flush=True)
     return results
 
 

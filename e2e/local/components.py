@@ -60,6 +60,9 @@ class ClusterSettings:
     pod_network: str = "127.1.0.0/16"
     node_name: str = NODE_NAME
     with_node: bool = True
+    # The controller manager's and the scheduler's client rate limit (`--kube-api-qps`,
+    # burst half as much again); None keeps their defaults (20 and 50 a second).
+    api_qps: int | None = None
 
     @property
     def server(self) -> str:
@@ -80,6 +83,7 @@ class ClusterSettings:
             pod_network=str(data.get("pod_network", "127.1.0.0/16")),
             node_name=str(data["node_name"]),
             with_node=bool(data["with_node"]),
+            api_qps=None if data.get("api_qps") is None else int(data["api_qps"]),
         )
 
 
@@ -144,6 +148,13 @@ def apiserver(layout: StateLayout, s: ClusterSettings) -> Component:
     )
 
 
+def client_rate(s: ClusterSettings) -> tuple[str, ...]:
+    """A client rate limit's flags, when the settings raise it."""
+    if s.api_qps is None:
+        return ()
+    return (f"--kube-api-qps={s.api_qps}", f"--kube-api-burst={s.api_qps * 3 // 2}")
+
+
 def controller_manager(layout: StateLayout, s: ClusterSettings) -> Component:
     return Component(
         "kube-controller-manager",
@@ -159,6 +170,7 @@ def controller_manager(layout: StateLayout, s: ClusterSettings) -> Component:
             f"--controllers={','.join(CONTROLLERS)}",
             "--leader-elect=false",
             "--profiling=false",
+            *client_rate(s),
         ),
     )
 
@@ -174,6 +186,7 @@ def scheduler(layout: StateLayout, s: ClusterSettings) -> Component:
             f"--cert-dir={layout.pki}",
             "--leader-elect=false",
             "--profiling=false",
+            *client_rate(s),
         ),
     )
 

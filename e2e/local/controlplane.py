@@ -53,6 +53,8 @@ class UpOptions:
     build: Callable[[], Path] | None = None
     # The clock of the deadline; tests inject one.
     clock: Callable[[], float] = time.monotonic
+    # The controller manager's and scheduler's client rate limit (components.ClusterSettings).
+    api_qps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,7 @@ def up(options: UpOptions) -> LocalCluster:
         gpus=options.gpus,
         pod_network=previous.pod_network if previous else components.random_pod_network(),
         with_node=options.with_node or node_running,
+        api_qps=options.api_qps,
     )
     certs.ensure_pki(layout, dt.datetime.now(dt.UTC))
     _write_kubeconfigs(layout, settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import ipaddress
 import logging
@@ -116,6 +117,16 @@ def test_pod_networks_stay_off_the_control_planes_addresses() -> None:
 
 def test_settings_survive_the_state_file() -> None:
     assert ClusterSettings.from_json(SETTINGS.to_json()) == SETTINGS
+    raised = dataclasses.replace(SETTINGS, api_qps=200)
+    assert ClusterSettings.from_json(raised.to_json()) == raised
+
+
+def test_the_controllers_client_rate_is_raised_only_when_asked() -> None:
+    layout = StateLayout(Path("/state"))
+    for make in (components.controller_manager, components.scheduler):
+        assert not any(a.startswith("--kube-api-") for a in make(layout, SETTINGS).argv)
+        argv = make(layout, dataclasses.replace(SETTINGS, api_qps=200)).argv
+        assert "--kube-api-qps=200" in argv and "--kube-api-burst=300" in argv
 
 
 @pytest.mark.parametrize(
