@@ -11,13 +11,20 @@ Which owners stay is `keep`: every ModelServer of the namespace (`{name}-{uid8}`
 those whose spec says their slots go to another claim or nowhere; a spec that cannot be
 read keeps its owner. A prune that cannot be made (the container not up yet) is tried
 again after a backoff; what it removed and what it could not are logged.
+
+A restore's removal of the member's own files stays owed until a prune through one of its
+pods is made (the container may not listen yet when the restore ends): every prune of that
+member leaves its own owner out while it is owed. A save rewrites the same file names, so
+it cancels what is owed, and a prune that leaves the member's owner out never runs while
+its save does (`saving`, one lock per member): the files of a newer save are never removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from reconciler import kv_cache
@@ -56,6 +63,30 @@ class KvPrune:
         self._done: dict[tuple[str, str], dict[str, frozenset[str]]] = {}
         self._failures: dict[str, int] = {}  # by pod UID
         self._retrying: set[str] = set()  # pod UIDs with a retry waiting
+        # Members (namespace, name) whose own files a restore left to remove.
+        self._owed: set[tuple[str, str]] = set()
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def _lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault((namespace, name), asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def saving(self, namespace: str, name: str) -> AsyncIterator[None]:
+        """Held while `name` saves its slots: no prune of its own files runs meanwhile,
+        and what a restore owed is cancelled (the save writes those names anew)."""
+        async with self._lock(namespace, name):
+            self._owed.discard((namespace, name))
+            yield
+
+    def owed(self, namespace: str, name: str) -> bool:
+        """A restore's removal of `name`'s own files has not been made yet."""
+        return (namespace, name) in self._owed
+
+    def _keep_for(self, spec: ModelServerSpec, claim: str) -> frozenset[str]:
+        keep = self.keep(spec.namespace, claim)
+        if self.owed(spec.namespace, spec.name) and spec.uid is not None:
+            keep -= {kv_cache.owner(spec.name, spec.uid)}
+        return keep
 
     def keep(self, namespace: str, claim: str) -> frozenset[str]:
         """The owners whose files stay on `claim`."""
@@ -80,7 +111,7 @@ class KvPrune:
         claim = kv_claim_name(spec)
         if claim is None or self.ctx.slot_files is None:
             return
-        keep = self.keep(spec.namespace, claim)
+        keep = self._keep_for(spec, claim)
         before = self._done.get((spec.namespace, spec.name), {})
         now: dict[str, frozenset[str]] = {}
         for pod in pods:
@@ -96,19 +127,26 @@ class KvPrune:
             self._failures.pop(gone, None)
         self._done[(spec.namespace, spec.name)] = now
 
-    async def after_restore(self, spec: ModelServerSpec, address: Address,
-                            logger: ObjectLogger) -> None:
-        """Remove `spec`'s own files (its manifest is consumed) through its pod at
-        `address`, and every other file no ModelServer on the claim owns."""
+    async def after_restore(self, spec: ModelServerSpec, pod_uid: str,
+                            address: Address | None, logger: ObjectLogger) -> None:
+        """Remove `spec`'s own files (its manifest is consumed) and every other file no
+        ModelServer on the claim owns: owed until made, through its pod `pod_uid` at
+        `address` now (asked again after a backoff), or through its pod once it is Ready
+        (`address` None: the pod's container may not listen yet)."""
         claim = kv_claim_name(spec)
         if claim is None or self.ctx.slot_files is None or spec.uid is None:
             return
-        keep = self.keep(spec.namespace, claim) - {kv_cache.owner(spec.name, spec.uid)}
-        _log(logger, await self.ctx.slot_files.prune(address, keep))
+        if self._lock(spec.namespace, spec.name).locked():
+            return  # a save already writes its files anew: nothing of them is owed
+        self._owed.add((spec.namespace, spec.name))
+        self._done.get((spec.namespace, spec.name), {}).pop(pod_uid, None)
+        if address is not None:
+            await self._prune(spec, pod_uid, address, self._keep_for(spec, claim), logger)
 
     def server_gone(self, namespace: str, name: str) -> None:
         """A ModelServer was deleted: its files go from the claims of the members that run."""
         self._done.pop((namespace, name), None)
+        self._owed.discard((namespace, name))
         for body in self.ctx.stores.servers.items(namespace):
             try:
                 spec = ModelServerSpec.from_body(body)
@@ -120,7 +158,17 @@ class KvPrune:
     async def _prune(self, spec: ModelServerSpec, pod_uid: str, address: Address,
                      keep: frozenset[str], logger: ObjectLogger) -> None:
         assert self.ctx.slot_files is not None
-        report = await self.ctx.slot_files.prune(address, keep)
+        member = (spec.namespace, spec.name)
+        async with self._lock(*member):
+            own = kv_cache.owner(spec.name, spec.uid) if spec.uid is not None else None
+            if (own is not None and own not in keep and not self.owed(*member)
+                    and own in self.keep(spec.namespace, kv_claim_name(spec) or "")):
+                # Asked to remove the member's own files, but a save since has written
+                # them anew: they stay.
+                keep = keep | {own}
+            report = await self.ctx.slot_files.prune(address, keep)
+            if report.error is None and (own is None or own not in keep):
+                self._owed.discard(member)
         _log(logger, report)
         if report.error is None:
             self._failures.pop(pod_uid, None)

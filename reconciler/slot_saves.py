@@ -54,6 +54,7 @@ class _Target(NamedTuple):
     address: io.Address
     logger: ObjectLogger
     prune_at: io.Address | None
+    pod_uid: str
 
 
 class SlotSaves:
@@ -104,7 +105,8 @@ class SlotSaves:
             ip = (pod.get("status") or {}).get("podIP")
             if pod_active(pod) and ip and not meta(pod).get("deletionTimestamp"):
                 return _Target(files, body, spec, kv, (str(ip), spec.port),
-                               self.ctx.writer.logger(body, log), files_address(pod))
+                               self.ctx.writer.logger(body, log), files_address(pod),
+                               str(meta(pod).get("uid") or ""))
         return None
 
     async def _write(self, namespace: str, member: str, value: dict[str, Any] | None) -> None:
@@ -124,12 +126,15 @@ class SlotSaves:
         target = self._target(namespace, action.member)
         if target is None:
             return
-        files, _, spec, kv, address, logger, _ = target
-        await self._write(namespace, action.member, None)
-        left = max(0.0, min(kv.save_timeout, action.deadline - ctx.clock()))
-        report = await files.save(address, spec.name, spec.uid or "", replace(
-            kv, save_timeout=left), io.IdentityArgs(spec.model or "", spec.args), ctx.clock)
-        await self._write(namespace, action.member, io.status_value(report, ctx.clock()))
+        files, _, spec, kv, address, logger, _, _ = target
+        # No prune of the member's own files while it writes them (reconciler.kv_prune).
+        async with self.prune.saving(namespace, action.member):
+            await self._write(namespace, action.member, None)
+            left = max(0.0, min(kv.save_timeout, action.deadline - ctx.clock()))
+            report = await files.save(address, spec.name, spec.uid or "", replace(
+                kv, save_timeout=left), io.IdentityArgs(spec.model or "", spec.args),
+                ctx.clock)
+            await self._write(namespace, action.member, io.status_value(report, ctx.clock()))
         count = ctx.metrics.kv_slots_total
         failed = [k for k in report.skipped if k.reason not in ("empty", "time cap",
                                                                  "size cap")]
@@ -160,15 +165,14 @@ class SlotSaves:
         finally:
             # Restored or discarded, its files are named by no manifest any more: removed
             # beside, the member's load does not wait for it.
-            if target.prune_at is not None:
-                self.ctx.background.run(functools.partial(
-                    self.prune.after_restore, target.spec, target.prune_at, target.logger),
-                    f"kv-prune-{action.member}")
+            self.ctx.background.run(functools.partial(
+                self.prune.after_restore, target.spec, target.pod_uid, target.prune_at,
+                target.logger), f"kv-prune-{action.member}")
 
     async def _restore_from(self, namespace: str, action: RestoreSlots, target: _Target,
                             value: Any) -> None:
         ctx = self.ctx
-        files, _, spec, kv, address, logger, _ = target
+        files, _, spec, kv, address, logger, _, _ = target
         count = ctx.metrics.kv_slots_total
         try:
             manifest = io.manifest_from(value)

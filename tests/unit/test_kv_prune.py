@@ -131,9 +131,70 @@ async def test_a_prune_not_made_is_asked_again_after_a_backoff(
     c.ctx.background.cancel()
 
 
+def logger_of(c: Any, name: str) -> Any:
+    return c.ctx.writer.logger(c.servers.cache[(NS, name)], kv_prune.log)
+
+
 async def test_after_a_restore_the_members_own_files_go() -> None:
     c, files = shell(persisted("a"), persisted("b"))
     prune = c.server_reconciler.kv_prune
-    await prune.after_restore(spec_of(c, "a"), ("127.1.0.9", 8091),
-                              c.ctx.writer.logger(c.servers.cache[(NS, "a")], kv_prune.log))
+    await prune.after_restore(spec_of(c, "a"), "pod-a", ("127.1.0.9", 8091), logger_of(c, "a"))
     assert files.prunes == [(("127.1.0.9", 8091), frozenset({"b-uid"}))]
+    assert not prune.owed(NS, "a")  # made: a later prune keeps them again
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))
+    await asyncio.sleep(0)
+    assert files.prunes[-1] == (("127.1.0.9", 8091), frozenset({"a-uid", "b-uid"}))
+
+
+async def test_a_restores_removal_not_made_is_owed_until_a_prune_through_the_pod_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kv-files container does not listen yet when the restore ends: the removal of the
+    # member's own files is asked again, and every prune of it leaves them out until made.
+    monkeypatch.setattr(kv_prune, "RETRY_SECONDS", (0.0,))
+    c, files = shell(persisted("a"), persisted("b"))
+    prune = c.server_reconciler.kv_prune
+    files.error = "http://127.1.0.9:8091/prune: ClientConnectorError"
+    queued(c)
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))  # the pod's own prune, refused
+    await prune.after_restore(spec_of(c, "a"), "pod-a", ("127.1.0.9", 8091), logger_of(c, "a"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert prune.owed(NS, "a") and Key(SERVER, NS, "a") in queued(c)
+    files.error = None
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))
+    await asyncio.sleep(0)
+    assert files.prunes[-1] == (("127.1.0.9", 8091), frozenset({"b-uid"}))
+    assert not prune.owed(NS, "a")
+    c.ctx.background.cancel()
+
+
+async def test_a_restore_that_finds_no_ready_pod_owes_the_removal_to_its_first() -> None:
+    c, files = shell(persisted("a"))
+    prune = c.server_reconciler.kv_prune
+    await prune.after_restore(spec_of(c, "a"), "pod-a", None, logger_of(c, "a"))
+    assert files.prunes == [] and prune.owed(NS, "a")
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))  # the pod is Ready
+    await asyncio.sleep(0)
+    assert files.prunes == [(("127.1.0.9", 8091), frozenset())]
+
+
+async def test_a_save_cancels_what_a_restore_owed_and_is_never_pruned_while_it_writes() -> None:
+    c, files = shell(persisted("a"))
+    prune = c.server_reconciler.kv_prune
+    await prune.after_restore(spec_of(c, "a"), "pod-a", None, logger_of(c, "a"))
+    async with prune.saving(NS, "a"):
+        # a prune that would remove the member's own files waits for the save...
+        reconciled = asyncio.create_task(c.server_reconciler.reconcile(Key(SERVER, NS, "a")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert files.prunes == []
+        # ...and a restore's removal asked for meanwhile is no debt of the new files
+        await prune.after_restore(spec_of(c, "a"), "pod-a", ("127.1.0.9", 8091),
+                                  logger_of(c, "a"))
+    await reconciled
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert files.prunes and all("a-uid" in keep for _, keep in files.prunes), files.prunes
+    assert not prune.owed(NS, "a")
+    c.ctx.background.cancel()
