@@ -66,6 +66,7 @@ class KvPrune:
         # Members (namespace, name) whose own files a restore left to remove.
         self._owed: set[tuple[str, str]] = set()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._saving: set[tuple[str, str]] = set()  # members whose save runs
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, name), asyncio.Lock())
@@ -76,7 +77,11 @@ class KvPrune:
         and what a restore owed is cancelled (the save writes those names anew)."""
         async with self._lock(namespace, name):
             self._owed.discard((namespace, name))
-            yield
+            self._saving.add((namespace, name))
+            try:
+                yield
+            finally:
+                self._saving.discard((namespace, name))
 
     def owed(self, namespace: str, name: str) -> bool:
         """A restore's removal of `name`'s own files has not been made yet."""
@@ -136,7 +141,7 @@ class KvPrune:
         claim = kv_claim_name(spec)
         if claim is None or self.ctx.slot_files is None or spec.uid is None:
             return
-        if self._lock(spec.namespace, spec.name).locked():
+        if (spec.namespace, spec.name) in self._saving:
             return  # a save already writes its files anew: nothing of them is owed
         self._owed.add((spec.namespace, spec.name))
         self._done.get((spec.namespace, spec.name), {}).pop(pod_uid, None)

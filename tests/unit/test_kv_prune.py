@@ -169,6 +169,29 @@ async def test_a_restores_removal_not_made_is_owed_until_a_prune_through_the_pod
     c.ctx.background.cancel()
 
 
+async def test_a_restores_removal_asked_while_another_prune_runs_is_made_after_it() -> None:
+    c, files = shell(persisted("a"), persisted("b"))
+    prune = c.server_reconciler.kv_prune
+    answered = asyncio.Event()
+    asked = files.prune
+
+    async def slow(address: Address, keep: Collection[str]) -> PruneReport:
+        if not files.prunes:
+            await answered.wait()
+        return await asked(address, keep)
+
+    files.prune = slow  # type: ignore[method-assign]
+    await c.server_reconciler.reconcile(Key(SERVER, NS, "a"))  # the pod's own prune, in flight
+    await asyncio.sleep(0)
+    restore = asyncio.create_task(prune.after_restore(
+        spec_of(c, "a"), "pod-a", ("127.1.0.9", 8091), logger_of(c, "a")))
+    await asyncio.sleep(0)
+    answered.set()
+    await restore
+    assert files.prunes[-1] == (("127.1.0.9", 8091), frozenset({"b-uid"}))
+    c.ctx.background.cancel()
+
+
 async def test_a_restore_that_finds_no_ready_pod_owes_the_removal_to_its_first() -> None:
     c, files = shell(persisted("a"))
     prune = c.server_reconciler.kv_prune
