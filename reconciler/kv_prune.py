@@ -152,6 +152,9 @@ class KvPrune:
         """A ModelServer was deleted: its files go from the claims of the members that run."""
         self._done.pop((namespace, name), None)
         self._owed.discard((namespace, name))
+        lock = self._locks.get((namespace, name))
+        if lock is not None and not lock.locked():
+            del self._locks[(namespace, name)]
         for body in self.ctx.stores.servers.items(namespace):
             try:
                 spec = ModelServerSpec.from_body(body)
