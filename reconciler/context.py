@@ -61,6 +61,14 @@ class Background:
         for task in self.tasks:
             task.cancel()
 
+    async def stop(self, within: float = 10.0) -> None:
+        """Cancel every task and wait (up to `within` seconds) until each has ended, so
+        that none still holds a connection when the clients close after it."""
+        tasks = list(self.tasks)
+        self.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=within)
+
 
 @dataclass
 class Context:

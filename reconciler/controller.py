@@ -283,7 +283,7 @@ class Controller:
                 for n in range(self.settings.workers):
                     tg.create_task(self._worker(), name=f"worker-{n}")
         finally:
-            self.ctx.background.cancel()
+            await self.ctx.background.stop()
 
     async def _worker(self) -> None:
         while True:
