@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, NoReturn
 
 import kr8s.asyncio
 
+from kubecore import handshake
 from kubecore.refusal import Refusal, answer, renew_token, status_refusal
 
 Json = dict[str, Any]
@@ -27,8 +27,25 @@ Failed = Callable[[Exception, str], Exception]
 
 
 async def connect(kubeconfig: str | None = None) -> Any:
-    """A kr8s client from `kubeconfig`, else KUBECONFIG or the pod's service account."""
-    return await kr8s.asyncio.api(kubeconfig=kubeconfig)
+    """A kr8s client of the caller's own from `kubeconfig`, else KUBECONFIG or the pod's
+    service account.
+
+    Not kr8s's cached one: `kr8s.asyncio.api` hands every caller of one thread and event
+    loop the same client for the same arguments, so one owner's `close` would close the
+    HTTP session under another's requests in flight (a test and the program it runs in its
+    own event loop), and their next calls would race to open a new one, leaking the
+    other's connections."""
+    handshake.install()
+    api = kr8s.asyncio.Api(kubeconfig=kubeconfig, bypass_factory=True)
+    _forget(api)
+    return await api
+
+
+def _forget(api: Any) -> None:
+    """Take `api` out of kr8s's cache, where its constructor put it."""
+    for entries in getattr(type(api), "_instances", {}).values():
+        for key in [k for k, v in list(entries.items()) if v is api]:
+            del entries[key]
 
 
 async def close(api: Any) -> None:
@@ -40,21 +57,13 @@ async def close(api: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def opened(kubeconfig: str) -> AsyncIterator[Any]:
-    """A kr8s client of the running event loop for `kubeconfig`, closed and forgotten after:
-    for a caller whose event loops come and go (a test's), where the programs keep one."""
+    """A kr8s client for `kubeconfig`, closed after: for a caller whose event loops come and
+    go (a test's), where the programs keep one."""
     api = await connect(kubeconfig)
     try:
         yield api
     finally:
-        # kr8s caches clients per thread and event loop; a later loop can reuse the id of
-        # this one, so the entry goes with the loop, and so does its HTTP session.
         await close(api)
-        cache: dict[str, Any] = getattr(type(api), "_instances", {})
-        loop_key = f"{threading.get_ident()}."
-        for key in [k for k in cache if k.startswith(loop_key)]:
-            entries = cache[key]
-            for name in [n for n, v in list(entries.items()) if v is api]:
-                del entries[name]
 
 
 class Client:
