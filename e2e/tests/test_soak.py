@@ -23,7 +23,8 @@ Checked throughout:
 
 Requests, swaps, faults and violations are printed and written to `soak.json` in the
 test's temporary directory. The run lasts MODELPOOL_SOAK_SECONDS (or `--soak-seconds`,
-when the conftest offers it; default 90) and at least one round of the five faults.
+when the conftest offers it; default 90) and at least one round of the five faults; a later
+round restarts kube-apiserver only where its spacing falls within the run.
 Restarting kube-apiserver would disturb every other user of a cluster, so the soak always
 starts a cluster of its own (this module's `cluster` fixture overrides the shared one,
 MODELPOOL_REUSE_CLUSTER notwithstanding) and takes it down afterwards.
@@ -95,6 +96,8 @@ class Outcome:
     status: int | None = None
     retry_after: str | None = None
     error: str | None = None
+    # What the router said, for an answer other than 200 (its error message).
+    said: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -144,7 +147,8 @@ def judge(
                                                                         heal):
         return None
     what = f"status {outcome.status}" if outcome.status is not None else outcome.error
-    return f"{what} outside any fault ({outcome.model} via {outcome.router})"
+    said = f": {outcome.said}" if outcome.said else ""
+    return f"{what} outside any fault ({outcome.model} via {outcome.router}){said}"
 
 
 def pod_of_directory(directory: str, pods_dir: str, namespace: str) -> str | None:
@@ -307,9 +311,10 @@ class Soak:
             async with asyncio.timeout(CLIENT_TIMEOUT), session.post(
                 f"http://{router}:{harness.ROUTER_PORT}/v1/chat/completions", json=body
             ) as response:
-                await response.read()
+                answer = await response.read()
                 outcome = Outcome(start, self.now(), model, router, response.status,
-                                  response.headers.get("Retry-After"))
+                                  response.headers.get("Retry-After"),
+                                  said=None if response.status == 200 else said_by(answer))
         except TimeoutError:
             outcome = Outcome(start, self.now(), model, router, error="timeout")
         except aiohttp.ClientError as e:
@@ -459,9 +464,13 @@ class Soak:
             for name, action in actions:
                 await asyncio.sleep(gap)
                 if name == "apiserver-restart" and last_restart is not None:
+                    spaced = last_restart + APISERVER_RESTART_SPACING
+                    if spaced > duration:
+                        # A later round's restart would come after the run's end: the
+                        # run would wait for it, with no other fault, for minutes.
+                        continue
                     # Time passing, not a synchronisation: see APISERVER_RESTART_SPACING.
-                    await asyncio.sleep(max(0.0, last_restart + APISERVER_RESTART_SPACING
-                                            - self.now()))
+                    await asyncio.sleep(max(0.0, spaced - self.now()))
                 if name == "apiserver-restart":
                     last_restart = self.now()
                 fault = Fault(name, self.now())
@@ -494,6 +503,15 @@ class Soak:
                     task.cancel()
                 # Workers finish their request in flight (each bounded by CLIENT_TIMEOUT).
                 await asyncio.gather(*background, return_exceptions=True)
+
+
+def said_by(answer: bytes) -> str:
+    """The error message of a router's answer (OpenAI's `error.message`), else its start."""
+    try:
+        message = json.loads(answer)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return answer[:200].decode(errors="replace")
+    return str(message)[:300]
 
 
 def _seconds(value: float | None) -> str:
@@ -665,3 +683,14 @@ def test_processes_map_to_members() -> None:
     assert pod_of_directory(directory, pods, "ns2") is None
     assert member_of_pod("beta-6c7975c64c-2kngz", MODELS) == "beta"
     assert member_of_pod("soak-router-6c7975c64c-2kngz", MODELS) is None
+
+
+@pytest.mark.unit
+def test_a_violation_says_what_the_router_said() -> None:
+    said = said_by(b'{"error": {"message": "Backend \'gamma\' failed: Server disconnected"}}')
+    assert said == "Backend 'gamma' failed: Server disconnected"
+    assert said_by(b"<html>bad gateway</html>") == "<html>bad gateway</html>"
+    why = judge(Outcome(100.0, 101.0, "gamma", "127.0.0.9", 502, said=said), [],
+                SWAP_BUDGET, REQUEST_SLACK, SELF_HEAL)
+    assert why == ("status 502 outside any fault (gamma via 127.0.0.9): "
+                   "Backend 'gamma' failed: Server disconnected")
