@@ -73,14 +73,23 @@ if (($(cat /proc/sys/fs/inotify/max_user_instances) < 512)) && [[ $(id -u) -eq 0
   sysctl -qw fs.inotify.max_user_instances=512 || log "could not raise it (kept as it is)"
 fi
 # 3. kubelet 1.35 refuses cgroup v1 unless told otherwise.
-cgroup_patch=""
-if [[ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]]; then
-  log "cgroup v1 host: the kubelets run with failCgroupV1: false"
-  cgroup_patch='
+# 4. kubelet 1.35 re-verifies, by pulling it again, an image it once pulled from a registry
+#    when a pod names it under a name it did not pull it by (KEP-2535, beta). The test that
+#    installs from a registry pulls the product's build under `localhost:PORT/...`, the same
+#    image as the one `kind load` side-loads as ghcr.io/modelpool/modelpool: after it, a pod
+#    of the side-loaded name on that node tried to pull from ghcr.io (offline) and stayed in
+#    ImagePullBackOff. On this testbed every image is side-loaded on purpose: the kubelets
+#    use any image their node holds, as before 1.35.
+KUBELET_POLICY="imagePullCredentialsVerificationPolicy: NeverVerify"
+kubelet_patch="
 kubeadmConfigPatches:
 - |
   kind: KubeletConfiguration
-  failCgroupV1: false'
+  $KUBELET_POLICY"
+if [[ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]]; then
+  log "cgroup v1 host: the kubelets run with failCgroupV1: false"
+  kubelet_patch+="
+  failCgroupV1: false"
 fi
 
 config="$CACHE/kind/$cluster.config.yaml"
@@ -105,7 +114,7 @@ nodes:
     modelpool.dev/fake-gpus: "1"
 - role: worker
   labels:
-    modelpool.dev/fake-gpus: "2"$cgroup_patch
+    modelpool.dev/fake-gpus: "2"$kubelet_patch
 EOF
 
 # An existing cluster is reused once its API server answers again: after dockerd restarts,
@@ -144,6 +153,11 @@ for node in $(kind_ get nodes --name "$cluster"); do
   if ! docker exec "$node" grep -q "config_path *= *\"$CERTS_D\"" /etc/containerd/config.toml; then
     log "$node: containerd reads registry hosts from $CERTS_D (restarting containerd once)"
     docker exec "$node" sh -c "printf '\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"$CERTS_D\"\n' >>/etc/containerd/config.toml && systemctl restart containerd"
+  fi
+  # The same for the kubelet's image policy (4. above); the node turns Ready again below.
+  if ! docker exec "$node" grep -qx "$KUBELET_POLICY" /var/lib/kubelet/config.yaml; then
+    log "$node: the kubelet uses any image the node holds (restarting the kubelet once)"
+    docker exec "$node" sh -c "echo '$KUBELET_POLICY' >>/var/lib/kubelet/config.yaml && systemctl restart kubelet"
   fi
 done
 stage "kind create cluster"

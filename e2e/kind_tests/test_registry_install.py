@@ -7,7 +7,10 @@ install pinned to the digest pushed; the kind nodes' containerd is told to pull
 reconciler and the router it renders then run the pulled image (nothing of it side-loaded
 under that name), the examples-testbed pool serves and swaps through that router, `crictl
 inspecti` on the nodes lists the image under the registry's name and the registry's log
-shows the nodes resolving its manifest. Afterwards the cluster goes back to the install of
+shows the nodes resolving its manifest. A node that pulled the build still starts a pod of
+its side-loaded name without pulling (a kubelet of 1.35 re-verifies an image by pulling it
+again when a pod names it other than it was pulled, unless told not to: e2e/kind/up.sh).
+Afterwards the cluster goes back to the install of
 e2e/kind/up.sh (overlays/kind), as every other test expects it.
 """
 
@@ -31,6 +34,8 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.build("registry")]
 
 SYSTEM = harness.SYSTEM_NAMESPACE
 RECONCILER = harness.RECONCILER
+# The product's image as e2e/kind/build-and-load.sh side-loads it on every node.
+SIDE_LOADED = "ghcr.io/modelpool/modelpool:0.1.0"
 
 
 def script(*argv: str, timeout: float = 300) -> str:
@@ -100,6 +105,39 @@ def pod_images(kubectl: Kubectl, namespace: str, selector: str) -> list[str]:
     return out
 
 
+def starts_from_the_node(kubectl: Kubectl, namespace: str, node: str, image: str) -> str:
+    """How a pod of `image` (IfNotPresent) pinned to `node` ends: "Completed" when it ran,
+    else the reason it is waiting once that is a failure to get its image."""
+    name = f"side-loaded-{node.rsplit('-', 1)[-1]}"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"nodeName": node, "restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "probe", "image": image, "imagePullPolicy": "IfNotPresent",
+                        "command": ["/bin/true"],
+                        "securityContext": {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}}]}}
+    kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def ended() -> str | None:
+        got = kubectl.json("get", "pod", name, "-n", namespace)
+        for status in (got.get("status") or {}).get("containerStatuses") or []:
+            state = status.get("state") or {}
+            if "terminated" in state:
+                return str(state["terminated"].get("reason"))
+            waiting = (state.get("waiting") or {}).get("reason")
+            if waiting in ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"):
+                return f"{waiting}: {state['waiting'].get('message')}"
+        return None
+
+    try:
+        return harness.eventually(ended, f"pod {name} of {image} on {node} ends", 60.0)
+    finally:
+        kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
+
+
 def test_an_install_from_pushed_images_serves_and_swaps(
     kind_kubectl: Kubectl, restricted_namespace: str, tmp_path: Path,
     registry: serve.Registry, nodes: list[str], pulling: None,
@@ -147,5 +185,10 @@ def test_an_install_from_pushed_images_serves_and_swaps(
         assert any(pinned in digests for digests in held.values()), held
         pulls = registry.pulls_from(serve.node_addresses(nodes))
         assert f"/v2/modelpool/manifests/{digest}" in pulls, registry.log.read_text()[-3000:]
+
+        # Where a node pulled the build from the registry, a pod of the side-loaded name of
+        # the same build still starts from what the node holds, pulling nothing.
+        for node in (n for n, digests in held.items() if pinned in digests):
+            assert starts_from_the_node(kubectl, ns, node, SIDE_LOADED) == "Completed"
     finally:
         harness.remove_workloads(kubectl, ns)
