@@ -133,10 +133,11 @@ async def test_stream_chunk_timing_is_preserved(router: Router) -> None:
     # 6 events 100 ms apart, then [DONE] right after the last one.
     assert len(arrivals) >= 6
     event_gaps = gaps[:5]
-    # Never bunched (a buffering proxy gives gaps near 0), each near the upstream's 100 ms
-    # (a loaded machine may delay one wake-up, hence the slack above).
-    assert all(0.05 <= g <= 0.3 for g in event_gaps), gaps
-    assert 0.08 <= statistics.median(event_gaps) <= 0.15, gaps
+    # Never bunched: a proxy that buffers gives gaps near 0. No upper bound: a late gap is
+    # the machine waking the client late (0.31 s under a CPU hog), not the proxy holding a
+    # chunk, which would leave the gap after it near 0.
+    assert all(g >= 0.05 for g in event_gaps), gaps
+    assert statistics.median(event_gaps) >= 0.08, gaps
     assert arrivals[5] - arrivals[0] >= 0.45
     assert router.sample("modelpool_time_to_first_byte_seconds_count", model="alpha") == 1
 
