@@ -7,7 +7,7 @@
 #   kubelet kubeadm kube-proxy     k8s.io/kubernetes (the release of the local testbed; the
 #                   control plane's own binaries come from e2e/build-control-plane.sh)
 #   crictl          sigs.k8s.io/cri-tools
-#   coredns         github.com/coredns/coredns
+#   coredns         github.com/coredns/coredns, with only the plugins kubeadm's Corefile names
 #   cni/            bridge, host-local, loopback, portmap (containernetworking/plugins) and
 #                   the flannel CNI plugin (its older home, containernetworking/plugins v0.9.1)
 #   flanneld        github.com/flannel-io/flannel, two backends left out (see build_flannel)
@@ -108,6 +108,27 @@ build_flannel() {
   (cd "$dir" && go build -trimpath -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" -o "$BIN/flanneld" . >&2)
 }
 
+# CoreDNS with the plugins of kubeadm's default Corefile (errors, health, ready, kubernetes,
+# prometheus, forward, cache, loop, reload, loadbalance) and log, in a module of its own that
+# requires the release (its go.mod and go.sum): upstream's main links every plugin, with the
+# AWS, Azure and Google SDKs of route53, azure and clouddns, which nothing here uses.
+build_coredns() {
+  local dir="$WORK/coredns-$COREDNS_VERSION" src
+  src="$(cd "$WORK" && GOFLAGS= go mod download -json "github.com/coredns/coredns@$COREDNS_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  rm -rf "$dir" && mkdir -p "$dir"
+  sed "s#^module .*#module modelpool.dev/testbed/coredns\n\nrequire github.com/coredns/coredns $COREDNS_VERSION#" \
+    "$src/go.mod" >"$dir/go.mod"
+  cp "$src/go.sum" "$dir/go.sum"
+  local plugins="cache errors forward health kubernetes loadbalance log loop metrics ready reload" p
+  {
+    printf '// CoreDNS with the plugins of kubeadm'"'"'s default Corefile.\npackage main\n\nimport (\n'
+    for p in $plugins; do printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "$p"; done
+    printf '\n\t"github.com/coredns/coredns/coremain"\n)\n\nfunc main() { coremain.Run() }\n'
+  } >"$dir/main.go"
+  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$BIN/coredns.tmp" . >&2)
+  mv "$BIN/coredns.tmp" "$BIN/coredns"
+}
+
 build_pause() {
   command -v gcc >/dev/null || { log "gcc is required to build pause"; exit 1; }
   cat >"$WORK/pause.c" <<'C'
@@ -128,7 +149,7 @@ C
 timed kind go_install "$BIN" "sigs.k8s.io/kind@$KIND_VERSION"
 timed kube-proxy build_kube_node
 timed crictl go_install "$BIN" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-timed coredns go_install "$BIN" "github.com/coredns/coredns@$COREDNS_VERSION"
+timed coredns build_coredns
 timed cni-plugins build_cni
 timed flanneld build_flannel
 timed pause build_pause
