@@ -115,6 +115,7 @@ build_flannel() {
 build_coredns() {
   local dir="$WORK/coredns-$COREDNS_VERSION" src
   src="$(cd "$WORK" && GOFLAGS= go mod download -json "github.com/coredns/coredns@$COREDNS_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  [[ -f $src/go.mod ]] || { log "go mod download github.com/coredns/coredns@$COREDNS_VERSION failed"; exit 1; }
   rm -rf "$dir" && mkdir -p "$dir"
   sed "s#^module .*#module modelpool.dev/testbed/coredns\n\nrequire github.com/coredns/coredns $COREDNS_VERSION#" \
     "$src/go.mod" >"$dir/go.mod"
