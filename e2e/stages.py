@@ -38,6 +38,7 @@ import re
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,7 +306,8 @@ class Run:
                        outcome: Outcome) -> int:
         argv = stage.argv
         if stage.own_basetemp:
-            argv = (*argv, f"--basetemp={tempfile.mkdtemp(prefix='mp')}")
+            argv = (*argv, f"--basetemp={tempfile.mkdtemp(prefix='mp')}",
+                    f"--junitxml={self.report_path(stage.name)}")
         if stage.nice:
             argv = ("nice", "-n", str(stage.nice), *argv)
         with log_path.open("w") as log:
@@ -337,6 +339,21 @@ class Run:
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".log")
+
+    def report_path(self, name: str) -> Path:
+        """A pytest lane's JUnit XML report: every test's time, setup and teardown included."""
+        return self.log_path(name).with_suffix(".xml")
+
+    def slowest_modules(self, count: int = 15) -> list[str]:
+        """The test modules that took longest over every lane, written in full to
+        `modules.tsv` in the log folder."""
+        reports = [p.read_text(errors="replace") for s in self.stages
+                   if s.own_basetemp and (p := self.report_path(s.name)).exists()]
+        rows = module_times(reports)
+        (self.log_dir / "modules.tsv").write_text(
+            "module\tseconds\ttests\n"
+            + "".join(f"{m}\t{t:.1f}\t{n}\n" for m, t, n in rows))
+        return [f"{t:7.1f}s {n:4d} tests  {m}" for m, t, n in rows[:count]]
 
     def log_of(self, name: str) -> str:
         path = self.log_path(name)
@@ -407,6 +424,28 @@ def coverage_gap(collected_log: str, lane_logs: Sequence[str]) -> str | None:
     return None
 
 
+def module_of(classname: str) -> str:
+    """'e2e.kind_tests.test_kind' from a JUnit classname ('...test_kind' or
+    '...test_kind.TestSwaps')."""
+    parts = classname.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("test_"):
+            return ".".join(parts[:i + 1])
+    return classname
+
+
+def module_times(reports: Sequence[str]) -> list[tuple[str, float, int]]:
+    """(module, seconds, tests) summed over pytest's JUnit XML reports, slowest first."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, int] = {}
+    for report in reports:
+        for case in ElementTree.fromstring(report).iter("testcase"):
+            module = module_of(case.get("classname", ""))
+            seconds[module] = seconds.get(module, 0.0) + float(case.get("time") or 0.0)
+            tests[module] = tests.get(module, 0) + 1
+    return sorted(((m, seconds[m], tests[m]) for m in seconds), key=lambda r: -r[1])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m e2e.stages [PYTEST ARGS]`; MODELPOOL_TEST_LOGS names the log folder
     (default: a new temporary one)."""
@@ -429,6 +468,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             passed = False
         else:
             run.say("every collected test ran in one lane")
+    if not pytest_args:
+        run.say("slowest test modules (every one in modules.tsv in the log folder):")
+        for row in run.slowest_modules():
+            run.say(row)
     for row in run.summary():
         run.say(row)
     run.say(f"{'passed' if passed else 'FAILED'} in {minutes(time.monotonic() - run.begun)}"

@@ -138,3 +138,21 @@ def test_the_builds_run_one_at_a_time() -> None:
     builds = stages.builds()
     for before, after in itertools.pairwise(builds):
         assert after.needs == (before.name,)
+
+
+def test_module_times_add_up_each_modules_tests_over_every_lane_slowest_first() -> None:
+    host = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+    <testcase classname="tests.unit.test_swap" name="test_a" time="1.5" />
+    <testcase classname="tests.unit.test_swap.TestDrain" name="test_b" time="2.0" />
+    <testcase classname="tests.unit.test_apis" name="test_c" time="0.25" />
+    </testsuite></testsuites>"""
+    kind = """<testsuites><testsuite name="pytest">
+    <testcase classname="e2e.kind_tests.test_kind" name="test_d" time="30.0">
+    <failure message="no">...</failure></testcase>
+    <testcase classname="tests.unit.test_apis" name="test_e" time="0.5" />
+    </testsuite></testsuites>"""
+    assert stages.module_times([host, kind]) == [
+        ("e2e.kind_tests.test_kind", 30.0, 1),
+        ("tests.unit.test_swap", 3.5, 2),
+        ("tests.unit.test_apis", 0.75, 2),
+    ]
