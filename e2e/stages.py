@@ -40,7 +40,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -83,12 +83,16 @@ class Stage:
     # A pytest given a folder of its own for its temporary files when it starts (short, for
     # the Unix sockets in it; lanes side by side must not share pytest's default one).
     own_basetemp: bool = False
+    # A later lane stage whose tests this one runs too when what that stage needs has passed
+    # by the time this one starts (a warm run: every build done at once): one pytest, one
+    # session's set-up, and on two workers one queue for the whole lane.
+    absorbs: str | None = None
 
 
 @dataclass
 class Outcome:
     stage: Stage
-    state: str = "waiting"  # waiting, running, passed, failed, not run
+    state: str = "waiting"  # waiting, running, passed, failed, not run, merged
     started: float = 0.0
     ended: float = 0.0
     warm: bool = False
@@ -131,15 +135,29 @@ def ready(stage: Stage, outcomes: Mapping[str, Outcome]) -> str | None:
         state = outcomes[need].state
         if state in ("failed", "not run"):
             return f"{need} {'failed' if state == 'failed' else 'was not run'}"
-    if all(outcomes[n].state == "passed" for n in stage.needs) and all(
-            outcomes[a].state in ("passed", "failed", "not run") for a in stage.after):
+    if all(outcomes[n].state in PASSED for n in stage.needs) and all(
+            outcomes[a].state in ENDED for a in stage.after):
         return "go"
     return None
 
 
+PASSED = ("passed", "merged")
+ENDED = ("passed", "failed", "not run", "merged")
+
+
+def absorbing(stage: Stage, later: Stage) -> Stage:
+    """`stage` running `later`'s tests as well: its pytest without `--builds none`, and
+    both budgets."""
+    argv = list(stage.argv)
+    at = argv.index("--builds")
+    del argv[at:at + 2]
+    return replace(stage, argv=tuple(argv), absorbs=None, budget=Budget(
+        stage.budget.cold + later.budget.cold, stage.budget.warm + later.budget.warm))
+
+
 def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[str, ...],
                  budget: Budget, *, after: tuple[str, ...] = (), nice: int = 0,
-                 workers: int = 1) -> Stage:
+                 workers: int = 1, absorbs: str | None = None) -> Stage:
     argv = [PYTHON, "-m", "pytest", *LANE_ARGS]
     if workers > 1:
         # pytest-xdist: the lane's tests on `workers` processes, each with its own session
@@ -150,7 +168,7 @@ def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[s
     if builds is not None:
         argv += ["--builds", builds]
     return Stage(name, tuple(argv), budget, needs, after, nice=nice, quiet=True,
-                 own_basetemp=True)
+                 own_basetemp=True, absorbs=absorbs)
 
 
 def build(name: str, script: str, budget: Budget, needs: tuple[str, ...], *,
@@ -159,16 +177,39 @@ def build(name: str, script: str, budget: Budget, needs: tuple[str, ...], *,
                  warm_marker=warm_marker, exports=exports, nice=nice)
 
 
-def lane_workers(env: Mapping[str, str] | None = None, cpus: int | None = None) -> int:
+def cache_root(env: Mapping[str, str]) -> Path:
+    """Where the build scripts keep what they built (MODELPOOL_CACHE, as they read it)."""
+    if env.get("MODELPOOL_CACHE"):
+        return Path(env["MODELPOOL_CACHE"])
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", str(Path.home()))) / ".cache")
+    return Path(base) / "modelpool"
+
+
+def caches_warm(env: Mapping[str, str]) -> bool:
+    """The builds are cached and the kind cluster made: a built control plane and the kind
+    cluster's kubeconfig are where the build scripts put them."""
+    root = cache_root(env)
+    kubeconfig = env.get("MODELPOOL_KIND_KUBECONFIG") or str(root / "kind" / "modelpool.kubeconfig")
+    return (any(root.glob("controlplane/*/bin/kube-apiserver"))
+            and Path(kubeconfig.split(":")[0]).is_file())
+
+
+def lane_workers(env: Mapping[str, str] | None = None, cpus: int | None = None,
+                 warm: bool | None = None) -> int:
     """How many pytest-xdist workers each testbed lane runs on: MODELPOOL_TEST_WORKERS when
-    set, else 2 on a machine of four cores or more and 1 below."""
+    set, else 2 on a machine of four cores or more; below, 2 when the caches are warm and 1
+    when cold. With cold caches the builds fill the CPUs and a second kind cluster would
+    be one more build on their way; with warm ones the lanes wait on kubelets and swaps
+    more than they compute (1.4 of 2 CPUs busy on one worker a lane, docs/benchmarks-log.md)."""
     env = os.environ if env is None else env
     chosen = env.get("MODELPOOL_TEST_WORKERS", "").strip()
     if chosen:
         if chosen not in ("1", "2"):
             raise ValueError(f"MODELPOOL_TEST_WORKERS={chosen!r}: expected 1 or 2")
         return int(chosen)
-    return 2 if ((os.cpu_count() or 1) if cpus is None else cpus) >= 4 else 1
+    if ((os.cpu_count() or 1) if cpus is None else cpus) >= 4:
+        return 2
+    return 2 if (caches_warm(env) if warm is None else warm) else 1
 
 
 def builds(workers: int = 1) -> list[Stage]:
@@ -177,8 +218,8 @@ def builds(workers: int = 1) -> list[Stage]:
     docs/benchmarks-log.md, where the lanes shared the CPUs with them (the cold run of
     2026-12-07 07:13, after Flux and llama-server were made to compile less, the latest),
     with room; warm a few seconds (kind: its images rebuilt).
-    With two workers a lane, a second kind cluster."""
-    last_kind = "kind b" if workers > 1 else "kind"
+    With two workers a lane, a second kind cluster, made beside the builds after kind
+    (only the kind lane waits for it)."""
     second = [
         # The second cluster for the kind lane's second worker: its node image and the
         # project's images are built already, so it costs a cluster's start and a load.
@@ -192,7 +233,7 @@ def builds(workers: int = 1) -> list[Stage]:
         build("kind", "e2e/kind/up.sh", Budget(840, 180), ("llama-server",),
               warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
         *second,
-        build("flux", "e2e/flux/build.sh", Budget(600, 10), (last_kind,)),
+        build("flux", "e2e/flux/build.sh", Budget(600, 10), ("kind",)),
         build("prometheus", "e2e/prometheus/build.sh", Budget(240, 10), ("flux",)),
         build("registry", "e2e/registry/build.sh", Budget(240, 10), ("prometheus",)),
         build("argocd", "e2e/argocd/build.sh", Budget(450, 10), ("registry",)),
@@ -219,18 +260,21 @@ def plan(pytest_args: Sequence[str], workers: int = 1) -> list[Stage]:
               Budget(60, 60), quiet=True),
         # The computing tests yield the CPUs to the builds on the way to kind and to the two
         # lanes of the testbeds, the run's longest: they end well before those.
-        pytest_stage("host tests", "host", "none", (), Budget(600, 420), nice=15),
+        pytest_stage("host tests", "host", "none", (), Budget(600, 420), nice=15,
+                     absorbs="host tests needing builds"),
         pytest_stage("host tests needing builds", "host", "only", ("llama-server",),
                      Budget(150, 150), after=("host tests",), nice=15),
         # On two workers, two control planes: 11 min 35 s alone against 20 min 36 s on one
         # (docs/benchmarks-log.md).
         pytest_stage("local tests", "local", "none", ("control plane",),
-                     Budget(780, 780) if two else Budget(1020, 1020), workers=workers),
+                     Budget(780, 780) if two else Budget(1020, 1020), workers=workers,
+                     absorbs="local tests needing builds"),
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
                      Budget(180, 180), after=("local tests",)),
         # On two workers, two clusters: 9 min 45 s alone against 17 min 49 s on one.
         pytest_stage("kind tests", "kind", "none", ("kind b",) if two else ("kind",),
-                     Budget(660, 660) if two else Budget(840, 840), workers=workers),
+                     Budget(660, 660) if two else Budget(840, 840), workers=workers,
+                     absorbs="kind tests needing builds"),
         pytest_stage("kind tests needing builds", "kind", "only",
                      ("flux", "prometheus", "registry"), Budget(480, 480), after=("kind tests",)),
     ]
@@ -260,6 +304,7 @@ class Run:
                     continue
                 verdict = ready(outcome.stage, self.outcomes)
                 if verdict == "go":
+                    self._absorb(outcome)
                     outcome.state = "running"
                     tasks.add(asyncio.create_task(self._run(outcome, changed)))
                 elif verdict is not None:
@@ -272,7 +317,21 @@ class Run:
             await changed.wait()
             changed.clear()
         await asyncio.gather(*tasks)
-        return all(o.state == "passed" for o in self.outcomes.values())
+        return all(o.state in PASSED for o in self.outcomes.values())
+
+    def _absorb(self, outcome: Outcome) -> None:
+        """Where the stage `outcome` is about to run absorbs a later one whose needs have
+        all passed, it runs that one's tests too, and the later one is marked merged."""
+        name = outcome.stage.absorbs
+        if name is None:
+            return
+        later = self.outcomes[name]
+        if later.state != "waiting" or any(
+                self.outcomes[n].state not in PASSED for n in later.stage.needs):
+            return
+        outcome.stage = absorbing(outcome.stage, later.stage)
+        later.state, later.detail = "merged", f"its tests ran in {outcome.stage.name}"
+        self.say(f"{outcome.stage.name}: with the tests of {name} (what they need is built)")
 
     async def _run(self, outcome: Outcome, changed: asyncio.Event) -> None:
         stage = outcome.stage

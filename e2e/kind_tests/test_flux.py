@@ -42,7 +42,7 @@ import openai
 import pytest
 import yaml
 
-from e2e import harness
+from e2e import harness, testbeds
 from e2e.local.fixtures import Kubectl
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.build("flux")]
@@ -305,8 +305,12 @@ def spec_owners(obj: Json) -> list[str]:
 @pytest.fixture(scope="module")
 def flux(kind_kubeconfig: Path, kind_kubectl: Kubectl) -> Iterator[Kubectl]:
     kubectl = kind_kubectl
-    done = subprocess.run(["bash", str(UP)], env={**os.environ, "KUBECONFIG": str(kind_kubeconfig)},
-                          capture_output=True, text=True, timeout=1500, check=False)
+    # Flux's images are side-loaded into this process's cluster (a second worker's is not
+    # `modelpool`: e2e/testbeds.py).
+    env = {**os.environ, "KUBECONFIG": str(kind_kubeconfig),
+           "KIND_CLUSTER_NAME": testbeds.kind_cluster()}
+    done = subprocess.run(["bash", str(UP)], env=env, capture_output=True, text=True,
+                          timeout=1500, check=False)
     assert done.returncode == 0, f"e2e/flux/up.sh exited {done.returncode}:\n{done.stderr[-4000:]}"
     assert done.stdout.strip().splitlines()[-1].split() == list(KUSTOMIZATIONS), done.stdout
     try:

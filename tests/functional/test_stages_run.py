@@ -102,3 +102,45 @@ def test_a_warm_stage_is_held_to_its_warm_budget(tmp_path: Path) -> None:
     outcome = done.outcomes["warm build"]
     assert outcome.warm and outcome.over_budget()
     assert any("WARNING: over budget" in row for row in done.summary())
+
+
+def lane(name: str, *needs: str, after: tuple[str, ...] = (), absorbs: str | None = None,
+         record: Path) -> Stage:
+    """A stand-in for a pytest lane: writes the arguments it was started with to `record`."""
+    return Stage(name, ("bash", "-c", f'echo "{name}: $*" >>{record}', "lane", "--lane", "kind",
+                        "--builds", "none" if absorbs else "only"),
+                 ROOMY, needs, after, absorbs=absorbs)
+
+
+def test_a_lane_runs_the_tests_needing_a_build_itself_when_that_build_is_done_first(
+        tmp_path: Path) -> None:
+    record = tmp_path / "record"
+    passed, done = run(
+        tmp_path,
+        sh("cluster", "true"),
+        sh("flux", "true"),
+        lane("kind tests", "cluster", "flux", absorbs="kind tests needing builds", record=record),
+        lane("kind tests needing builds", "flux", after=("kind tests",), record=record),
+    )
+    assert passed
+    assert record.read_text().splitlines() == ["kind tests: --lane kind"]
+    later = done.outcomes["kind tests needing builds"]
+    assert (later.state, later.detail) == ("merged", "its tests ran in kind tests")
+    assert done.outcomes["kind tests"].stage.budget == Budget(120, 120)
+
+
+def test_a_lane_leaves_the_tests_needing_a_build_to_run_after_it_while_it_builds(
+        tmp_path: Path) -> None:
+    record, built = tmp_path / "record", tmp_path / "built"
+    passed, done = run(
+        tmp_path,
+        sh("flux", f"for i in $(seq 300); do [[ -e {record} ]] && break; sleep 0.1; done;"
+                   f" touch {built}"),
+        lane("kind tests", absorbs="kind tests needing builds", record=record),
+        lane("kind tests needing builds", "flux", after=("kind tests",), record=record),
+    )
+    assert passed and built.exists()
+    assert record.read_text().splitlines() == [
+        "kind tests: --lane kind --builds none",
+        "kind tests needing builds: --lane kind --builds only"]
+    assert [o.state for o in done.outcomes.values()] == ["passed"] * 3

@@ -110,6 +110,8 @@ def test_the_testbeds_lanes_run_on_two_workers_a_module_on_one() -> None:
             assert "-n" not in stage.argv, stage.name
     kind = next(s for s in stages.plan([], workers=2) if s.name == "kind tests")
     assert kind.needs == ("kind b",)
+    # the second cluster is made beside the builds after kind: only the kind lane waits
+    assert next(s for s in stages.plan([], workers=2) if s.name == "flux").needs == ("kind",)
 
 
 def test_on_one_worker_no_lane_uses_xdist_and_no_second_cluster_is_made() -> None:
@@ -120,13 +122,30 @@ def test_on_one_worker_no_lane_uses_xdist_and_no_second_cluster_is_made() -> Non
     assert next(s for s in plan if s.name == "flux").needs == ("kind",)
 
 
-@pytest.mark.parametrize(("env", "cpus", "workers"), [
-    ({}, 2, 1), ({}, 4, 2), ({"MODELPOOL_TEST_WORKERS": "2"}, 2, 2),
-    ({"MODELPOOL_TEST_WORKERS": "1"}, 16, 1),
+@pytest.mark.parametrize(("env", "cpus", "warm", "workers"), [
+    ({}, 2, False, 1), ({}, 2, True, 2), ({}, 4, False, 2),
+    ({"MODELPOOL_TEST_WORKERS": "2"}, 2, False, 2),
+    ({"MODELPOOL_TEST_WORKERS": "1"}, 16, True, 1),
 ])
-def test_two_workers_a_lane_from_four_cores_unless_told(env: dict[str, str], cpus: int,
-                                                        workers: int) -> None:
-    assert stages.lane_workers(env, cpus) == workers
+def test_two_workers_a_lane_from_four_cores_or_warm_caches_unless_told(
+        env: dict[str, str], cpus: int, warm: bool, workers: int) -> None:
+    assert stages.lane_workers(env, cpus, warm) == workers
+
+
+def test_the_caches_are_warm_with_a_built_control_plane_and_a_kind_cluster(
+        tmp_path: Path) -> None:
+    env = {"MODELPOOL_CACHE": str(tmp_path)}
+    assert not stages.caches_warm(env)
+    assert stages.lane_workers(env, 2) == 1
+    binary = tmp_path / "controlplane" / "k8s-v1_etcd-v3" / "bin" / "kube-apiserver"
+    binary.parent.mkdir(parents=True)
+    binary.touch()
+    assert not stages.caches_warm(env)  # no kind cluster yet
+    (tmp_path / "kind").mkdir()
+    (tmp_path / "kind" / "modelpool.kubeconfig").touch()
+    assert stages.caches_warm(env)
+    assert stages.lane_workers(env, 2) == 2
+    assert not stages.caches_warm({**env, "MODELPOOL_KIND_KUBECONFIG": str(tmp_path / "none")})
 
 
 def test_a_worker_count_other_than_one_or_two_is_refused() -> None:
