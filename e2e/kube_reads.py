@@ -28,6 +28,7 @@ import json
 import ssl
 import tempfile
 import threading
+import time
 import urllib.parse
 import weakref
 from collections.abc import Mapping, Sequence
@@ -288,6 +289,22 @@ class Reads:
         return connection
 
     def _request(self, path: str, accept: str = "application/json") -> dict[str, Any]:
+        """The JSON the API server answers a GET of `path` with. An answer of 429 or 5xx
+        with a Retry-After header is asked again after that many seconds, up to
+        MAX_RETRIES times, as kubectl's client does (a CRD just established answers 429,
+        `storage is (re)initializing`, until its watch cache is ready)."""
+        for _ in range(MAX_RETRIES):
+            status, body, retry_after = self._get(path, accept)
+            if status == 200 or retry_after is None:
+                break
+            time.sleep(retry_after)
+        if status != 200:
+            raise Failed(status, body)
+        parsed: dict[str, Any] = json.loads(body)
+        return parsed
+
+    def _get(self, path: str, accept: str) -> tuple[int, bytes, int | None]:
+        """The status, body and Retry-After seconds (None: not to be retried) of a GET."""
         creds = self._creds()
         headers = {"Accept": accept, "User-Agent": "modelpool-e2e-reads"}
         if creds.token:
@@ -308,7 +325,20 @@ class Reads:
                     raise Failed(0, json.dumps({"reason": "ConnectionFailed",
                                                 "message": f"{creds.server}: {e}"}).encode()) \
                         from e
-        if response.status != 200:
-            raise Failed(response.status, body)
-        parsed: dict[str, Any] = json.loads(body)
-        return parsed
+        return response.status, body, retry_after(response.status,
+                                                  response.getheader("Retry-After"))
+
+
+MAX_RETRIES = 10
+
+
+def retry_after(status: int, header: str | None) -> int | None:
+    """Seconds to wait before asking again, as client-go reads an answer: a 429 or 5xx
+    with a whole number of seconds in Retry-After (at least 1); None otherwise."""
+    if not (status == 429 or 500 <= status < 600) or header is None:
+        return None
+    try:
+        seconds = int(header.strip())
+    except ValueError:
+        return None
+    return max(seconds, 1)

@@ -3,25 +3,25 @@
 `scripts/test` installs the Python packages, then runs `python -m e2e.stages [PYTEST ARGS]`.
 Each stage is a command that starts once the stages it needs have passed:
 
-    lint ──────────────────────────────── (ruff, mypy, and actionlint over the workflows)
-    control plane ─ llama-server ─ kind ─ [kind b] ─ flux ─ prometheus ─ argocd  (the builds,
-      │                  │                    │         │        │          │  one at a time:
-      │                  │                    │         └────────┴──┐       │  each fills
-    host tests ─────── host tests needing llama-server    │         │       │  both cores)
-      └ local tests ─────────── local tests needing argocd ─────────┼───────┘
-                                    kind tests ── kind tests needing flux, prometheus
+    lint                                     (ruff, mypy, and actionlint over the workflows)
+    control plane ─ llama-server ─ kind ─ flux ─ prometheus ─ registry ─ argocd  (the builds,
+                                     └─ kind b (two workers a lane)   one at a time: each
+                                                                      fills both cores)
+    host tests ──── host tests needing llama-server                   (at once)
+    local tests ─── local tests needing argocd                        (after the control plane)
+    kind tests ──── kind tests needing flux, prometheus, registry     (after kind, and kind b)
 
 A test lane is a pytest process of its own (`e2e/lanes.py` says which tests each holds):
 the tests that wait on kubelets, controllers and swaps run while the builds and the
-computing tests fill the CPUs. On a machine of four cores or more (or with
-MODELPOOL_TEST_WORKERS=2), the two lanes of the testbeds each run on two pytest-xdist workers
-with a cluster each: the local lane's workers start a control plane each, the kind lane's
-take the two kind clusters (`kind` and `kind b`, e2e/testbeds.py). Each lane alone then
-takes half its time; on two cores, where the lanes already keep both busy, the two lanes
-together gained a sixth and failed tests that compute (docs/benchmarks-log.md), so there
-they run on one process each and `kind b` is not made. A lane's tests that need a later
-build (`pytest.mark.build`) run once that build is done. With PYTEST ARGS, the builds run
-first and then one pytest with those arguments, as a developer asks for.
+computing tests fill the CPUs. On a machine of four cores or more, and on two when the
+caches are warm (or with MODELPOOL_TEST_WORKERS=2), the two lanes of the testbeds each run
+on two pytest-xdist workers with a cluster each: the local lane's workers start a control
+plane each, the kind lane's take the two kind clusters (`kind` and `kind b`,
+e2e/testbeds.py). With cold caches on two cores the builds fill both CPUs, so the lanes run
+on one process each and `kind b` is not made. A lane's tests that need a later build
+(`pytest.mark.build`) run once that build is done: after the lane's first pytest while it is
+being built, or in that pytest when it was built before the lane started. With PYTEST ARGS,
+the builds run first and then one pytest with those arguments, as a developer asks for.
 
 Every stage has a budget, cold (its caches empty) and warm; a stage that took longer than
 its budget is named in a warning where it ends and again in the summary, so the change that

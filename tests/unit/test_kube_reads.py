@@ -68,3 +68,12 @@ def test_paths_are_those_of_the_api() -> None:
 def test_managed_fields_are_dropped() -> None:
     obj = {"metadata": {"name": "x", "managedFields": [{}]}}
     assert kube_reads.strip_managed(obj) == {"metadata": {"name": "x"}}
+
+
+@pytest.mark.parametrize(("status", "header", "seconds"), [
+    (429, "1", 1), (429, "3", 3), (503, "2", 2), (429, "0", 1),
+    (429, None, None), (429, "soon", None), (404, "1", None), (200, "1", None),
+])
+def test_an_answer_is_asked_again_after_its_retry_after_only_when_busy_or_failing(
+        status: int, header: str | None, seconds: int | None) -> None:
+    assert kube_reads.retry_after(status, header) == seconds
