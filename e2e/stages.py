@@ -194,13 +194,42 @@ def caches_warm(env: Mapping[str, str]) -> bool:
             and Path(kubeconfig.split(":")[0]).is_file())
 
 
+def cpu_times() -> tuple[int, int]:
+    """The machine's CPU time so far in clock ticks, from /proc/stat: all of it (user, nice,
+    system, idle, iowait, irq, softirq and the host's steal) and the idle part."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def cpu_spare(seconds: float = 2.0) -> float:
+    """The share of the CPUs neither busy nor stolen by the host over `seconds`: 1.0 on an
+    idle machine, near 0 under a CPU hog or heavy steal."""
+    first = cpu_times()
+    time.sleep(seconds)  # the span measured, not a wait for anything
+    return spare_between(first, cpu_times())
+
+
+def spare_between(first: tuple[int, int], second: tuple[int, int]) -> float:
+    """The idle share of the CPU time between two readings of `cpu_times()` (1.0 when no
+    time passed)."""
+    total = second[0] - first[0]
+    return (second[1] - first[1]) / total if total > 0 else 1.0
+
+
+# A machine with less of its CPUs spare than this at the start runs one worker a lane.
+SPARE_FOR_TWO = 0.6
+
+
 def lane_workers(env: Mapping[str, str] | None = None, cpus: int | None = None,
-                 warm: bool | None = None) -> int:
+                 warm: bool | None = None, spare: float | None = None) -> int:
     """How many pytest-xdist workers each testbed lane runs on: MODELPOOL_TEST_WORKERS when
-    set, else 2 on a machine of four cores or more; below, 2 when the caches are warm and 1
-    when cold. With cold caches the builds fill the CPUs and a second kind cluster would
-    be one more build on their way; with warm ones the lanes wait on kubelets and swaps
-    more than they compute (1.4 of 2 CPUs busy on one worker a lane, docs/benchmarks-log.md)."""
+    set, else 2 on a machine of four cores or more; below, 2 when the caches are warm and
+    the CPUs are spare (`spare`, measured when not given, at least SPARE_FOR_TWO), else 1.
+    With cold caches the builds fill the CPUs and a second kind cluster would be one more
+    build on their way; with warm ones on an idle machine the lanes wait on kubelets and
+    swaps more than they compute (1.4 of 2 CPUs busy on one worker a lane,
+    docs/benchmarks-log.md); on a machine already busy or losing time to its host, two
+    workers a lane would starve the tests that compute."""
     env = os.environ if env is None else env
     chosen = env.get("MODELPOOL_TEST_WORKERS", "").strip()
     if chosen:
@@ -209,7 +238,9 @@ def lane_workers(env: Mapping[str, str] | None = None, cpus: int | None = None,
         return int(chosen)
     if ((os.cpu_count() or 1) if cpus is None else cpus) >= 4:
         return 2
-    return 2 if (caches_warm(env) if warm is None else warm) else 1
+    if not (caches_warm(env) if warm is None else warm):
+        return 1
+    return 2 if (cpu_spare() if spare is None else spare) >= SPARE_FOR_TWO else 1
 
 
 def builds(workers: int = 1) -> list[Stage]:
@@ -518,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workers = lane_workers(env)
     run = Run(plan(pytest_args, workers), log_dir, env)
     run.say(f"logs in {log_dir}; the testbeds' lanes on {workers} worker(s) each"
-            " (MODELPOOL_TEST_WORKERS)")
+            f" (MODELPOOL_TEST_WORKERS; caches {'warm' if caches_warm(env) else 'cold'})")
     passed = asyncio.run(run.go())
     if passed and not pytest_args:
         gap = run.lanes_cover_the_suite()

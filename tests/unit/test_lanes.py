@@ -122,21 +122,34 @@ def test_on_one_worker_no_lane_uses_xdist_and_no_second_cluster_is_made() -> Non
     assert next(s for s in plan if s.name == "flux").needs == ("kind",)
 
 
-@pytest.mark.parametrize(("env", "cpus", "warm", "workers"), [
-    ({}, 2, False, 1), ({}, 2, True, 2), ({}, 4, False, 2),
-    ({"MODELPOOL_TEST_WORKERS": "2"}, 2, False, 2),
-    ({"MODELPOOL_TEST_WORKERS": "1"}, 16, True, 1),
+@pytest.mark.parametrize(("env", "cpus", "warm", "spare", "workers"), [
+    ({}, 2, False, 1.0, 1), ({}, 2, True, 0.95, 2), ({}, 2, True, 0.6, 2),
+    ({}, 2, True, 0.59, 1),  # a CPU hog, or a host's steal: one worker a lane
+    ({}, 4, False, 0.0, 2),
+    ({"MODELPOOL_TEST_WORKERS": "2"}, 2, False, 0.0, 2),
+    ({"MODELPOOL_TEST_WORKERS": "1"}, 16, True, 1.0, 1),
 ])
-def test_two_workers_a_lane_from_four_cores_or_warm_caches_unless_told(
-        env: dict[str, str], cpus: int, warm: bool, workers: int) -> None:
-    assert stages.lane_workers(env, cpus, warm) == workers
+def test_two_workers_a_lane_from_four_cores_or_warm_caches_and_spare_cpus_unless_told(
+        env: dict[str, str], cpus: int, warm: bool, spare: float, workers: int) -> None:
+    assert stages.lane_workers(env, cpus, warm, spare) == workers
+
+
+@pytest.mark.parametrize(("first", "second", "spare"), [
+    ((1000, 900), (1200, 1090), 0.95),  # idle
+    ((1000, 900), (1200, 900), 0.0),    # both cores busy (a CPU hog)
+    ((1000, 900), (1200, 1000), 0.5),   # half idle, the rest busy or stolen by the host
+    ((1000, 900), (1000, 900), 1.0),    # no tick between the readings
+])
+def test_the_spare_share_is_the_idle_time_between_two_readings(
+        first: tuple[int, int], second: tuple[int, int], spare: float) -> None:
+    assert stages.spare_between(first, second) == pytest.approx(spare)
 
 
 def test_the_caches_are_warm_with_a_built_control_plane_and_a_kind_cluster(
         tmp_path: Path) -> None:
     env = {"MODELPOOL_CACHE": str(tmp_path)}
     assert not stages.caches_warm(env)
-    assert stages.lane_workers(env, 2) == 1
+    assert stages.lane_workers(env, 2, spare=1.0) == 1
     binary = tmp_path / "controlplane" / "k8s-v1_etcd-v3" / "bin" / "kube-apiserver"
     binary.parent.mkdir(parents=True)
     binary.touch()
@@ -144,7 +157,7 @@ def test_the_caches_are_warm_with_a_built_control_plane_and_a_kind_cluster(
     (tmp_path / "kind").mkdir()
     (tmp_path / "kind" / "modelpool.kubeconfig").touch()
     assert stages.caches_warm(env)
-    assert stages.lane_workers(env, 2) == 2
+    assert stages.lane_workers(env, 2, spare=1.0) == 2
     assert not stages.caches_warm({**env, "MODELPOOL_KIND_KUBECONFIG": str(tmp_path / "none")})
 
 
