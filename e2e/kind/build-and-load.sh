@@ -95,9 +95,11 @@ build() {
 }
 
 # The product's image, as a release builds it; its wheels from this machine where the
-# build's containers reach no package index (the offline Debian root).
+# build's containers reach no package index (the offline Debian root). Labelled with the last
+# commit that changed what it holds, not HEAD: a commit that changed only tests or docs
+# leaves the image as it was, and no node is sent its 400 MB again.
 build_product() {
-  local options=(--base "$base") built
+  local options=(--base "$base" --context-revision) built
   [[ $base == modelpool/debian-root:* ]] && options+=(--host-wheels)
   built="$(bash "$root/scripts/images" "${options[@]}" | sed -n 1p)"
   local name

@@ -117,6 +117,43 @@ def test_a_changed_checkout_says_so_in_its_revision(tmp_path: Path) -> None:
     assert result.stdout.split()[1].endswith("-dirty")
 
 
+def test_the_context_revision_is_the_last_commit_that_changed_what_the_image_holds(
+    tmp_path: Path,
+) -> None:
+    repo = _checkout(tmp_path)
+    shutil.copy(ROOT / ".dockerignore", repo / ".dockerignore")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+
+    def commit(path: str) -> str:
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        with (repo / path).open("a") as f:
+            f.write("# changed\n")
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-qm", path], check=True)
+        return _revision(repo)
+
+    def built() -> str:
+        result = _run(tmp_path, repo, "--context-revision")
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()[1]
+
+    product = commit("reconciler/swap.py")
+    for outside in ("tests/unit/test_x.py", "docs/a.md", "e2e/stages.py", "scripts/images"):
+        commit(outside)
+        assert built() == f"{DEFAULT_ROUTER_IMAGE.rsplit(':', 1)[0]}:{product[:12]}", outside
+    assert built().endswith(_revision(repo)[:12]) is False
+    inside = commit("pyproject.toml")
+    assert built().endswith(inside[:12])
+    # without the option, HEAD as before
+    assert _run(tmp_path, repo).stdout.split()[1].endswith(_revision(repo)[:12])
+    with (repo / "e2e" / "stages.py").open("a") as f:  # a change outside: not dirty
+        f.write("#\n")
+    assert not built().endswith("-dirty")
+    with (repo / "reconciler" / "swap.py").open("a") as f:
+        f.write("#\n")
+    assert built().endswith(f"{inside[:12]}-dirty")
+
+
 def test_several_platforms_need_buildx(tmp_path: Path) -> None:
     result = _run(tmp_path, _checkout(tmp_path), "--platform", "linux/amd64,linux/arm64")
     assert result.returncode != 0
