@@ -20,7 +20,10 @@ plane each, the kind lane's take the two kind clusters (`kind` and `kind b`,
 e2e/testbeds.py). With cold caches on two cores the builds fill both CPUs, so the lanes run
 on one process each and `kind b` is not made. A lane's tests that need a later build
 (`pytest.mark.build`) run once that build is done: after the lane's first pytest while it is
-being built, or in that pytest when it was built before the lane started. With PYTEST ARGS,
+being built, or in that pytest when it was built before the lane started. With warm caches
+(every build's output in the cache: each build a look at it) kind goes beside the other
+builds instead of before them, and the host and local lanes wait the few seconds for the
+builds their late tests need, so every lane runs in one pytest. With PYTEST ARGS,
 the builds run first and then one pytest with those arguments, as a developer asks for.
 
 Every stage has a budget, cold (its caches empty) and warm; a stage that took longer than
@@ -185,12 +188,17 @@ def cache_root(env: Mapping[str, str]) -> Path:
     return Path(base) / "modelpool"
 
 
+# What each build leaves in the cache (any version): all there, the builds are warm.
+BUILT = ("controlplane/*/bin/kube-apiserver", "llama/*/bin/llama-server", "flux/*/bin/*",
+         "prometheus/*/prometheus", "registry/*/registry", "argocd/*/argocd")
+
+
 def caches_warm(env: Mapping[str, str]) -> bool:
-    """The builds are cached and the kind cluster made: a built control plane and the kind
-    cluster's kubeconfig are where the build scripts put them."""
+    """The builds are cached and the kind cluster made: what each build script leaves in
+    the cache is there, and the kind cluster's kubeconfig."""
     root = cache_root(env)
     kubeconfig = env.get("MODELPOOL_KIND_KUBECONFIG") or str(root / "kind" / "modelpool.kubeconfig")
-    return (any(root.glob("controlplane/*/bin/kube-apiserver"))
+    return (all(any(root.glob(built)) for built in BUILT)
             and Path(kubeconfig.split(":")[0]).is_file())
 
 
@@ -243,20 +251,23 @@ def lane_workers(env: Mapping[str, str] | None = None, cpus: int | None = None,
     return 2 if (cpu_spare() if spare is None else spare) >= SPARE_FOR_TWO else 1
 
 
-def builds(workers: int = 1) -> list[Stage]:
+def builds(workers: int = 1, warm: bool = False) -> list[Stage]:
     """The builds, one after another in the order the lanes want them (each fills the CPUs
     alone; two at once would each take twice as long). Budgets: the cold runs of
     docs/benchmarks-log.md, where the lanes shared the CPUs with them (the cold run of
     2026-12-07 07:13, after Flux and llama-server were made to compile less, the latest),
     with room; warm a few seconds (kind: its images rebuilt).
     With two workers a lane, a second kind cluster, made beside the builds after kind
-    (only the kind lane waits for it)."""
+    (only the kind lane waits for it). With warm caches every build but kind's is a look at
+    its cache: kind then goes beside them rather than before, so Flux, Prometheus, the
+    registry and Argo CD are there when the lanes start and each lane runs in one pytest."""
     second = [
         # The second cluster for the kind lane's second worker: its node image and the
         # project's images are built already, so it costs a cluster's start and a load.
         build("kind b", "e2e/kind/up-second.sh", Budget(420, 150), ("kind",),
               warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
     ] if workers > 1 else []
+    after_kind = "llama-server" if warm else "kind"
     return [
         build("control plane", "e2e/build-control-plane.sh", Budget(540, 10), ()),
         build("llama-server", "e2e/llama/build-llama-server.sh", Budget(660, 10),
@@ -264,7 +275,7 @@ def builds(workers: int = 1) -> list[Stage]:
         build("kind", "e2e/kind/up.sh", Budget(840, 180), ("llama-server",),
               warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
         *second,
-        build("flux", "e2e/flux/build.sh", Budget(600, 10), ("kind",)),
+        build("flux", "e2e/flux/build.sh", Budget(600, 10), (after_kind,)),
         build("prometheus", "e2e/prometheus/build.sh", Budget(240, 10), ("flux",)),
         build("registry", "e2e/registry/build.sh", Budget(240, 10), ("prometheus",)),
         build("argocd", "e2e/argocd/build.sh", Budget(450, 10), ("registry",)),
@@ -276,10 +287,12 @@ def lint() -> Stage:
     return Stage("lint", ("bash", str(REPO_ROOT / "scripts" / "lint")), Budget(210, 150))
 
 
-def plan(pytest_args: Sequence[str], workers: int = 1) -> list[Stage]:
+def plan(pytest_args: Sequence[str], workers: int = 1, warm: bool = False) -> list[Stage]:
     """Every stage of a run: the lanes, or with `pytest_args` one pytest after the builds;
-    `workers` pytest-xdist workers for each of the testbeds' lanes."""
-    stages = [lint(), *builds(workers)]
+    `workers` pytest-xdist workers for each of the testbeds' lanes. With warm caches the
+    host and local lanes also wait for the builds their late tests need (a few seconds:
+    each a look at its cache), so that they run them in their one pytest."""
+    stages = [lint(), *builds(workers, warm)]
     two = workers > 1
     if pytest_args:
         every_build = tuple(s.name for s in stages)
@@ -291,13 +304,13 @@ def plan(pytest_args: Sequence[str], workers: int = 1) -> list[Stage]:
               Budget(60, 60), quiet=True),
         # The computing tests yield the CPUs to the builds on the way to kind and to the two
         # lanes of the testbeds, the run's longest: they end well before those.
-        pytest_stage("host tests", "host", "none", (), Budget(600, 420), nice=15,
-                     absorbs="host tests needing builds"),
+        pytest_stage("host tests", "host", "none", ("llama-server",) if warm else (),
+                     Budget(600, 420), nice=15, absorbs="host tests needing builds"),
         pytest_stage("host tests needing builds", "host", "only", ("llama-server",),
                      Budget(240, 240), after=("host tests",), nice=15),
         # On two workers, two control planes: 12 min 34 s beside the kind lane on two cores
         # (2026-12-07 09:45), 13 min 48 s on one (docs/benchmarks-log.md).
-        pytest_stage("local tests", "local", "none", ("control plane",),
+        pytest_stage("local tests", "local", "none", ("argocd",) if warm else ("control plane",),
                      Budget(900, 900) if two else Budget(1020, 1020), workers=workers,
                      absorbs="local tests needing builds"),
         pytest_stage("local tests needing builds", "local", "only", ("argocd",),
@@ -547,10 +560,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     # e2e/tests run on kind unless a module says otherwise; the lanes depend on it.
     env.setdefault("MODELPOOL_E2E_TESTBED", "kind")
-    workers = lane_workers(env)
-    run = Run(plan(pytest_args, workers), log_dir, env)
+    warm = caches_warm(env)
+    workers = lane_workers(env, warm=warm)
+    run = Run(plan(pytest_args, workers, warm), log_dir, env)
     run.say(f"logs in {log_dir}; the testbeds' lanes on {workers} worker(s) each"
-            f" (MODELPOOL_TEST_WORKERS; caches {'warm' if caches_warm(env) else 'cold'})")
+            f" (MODELPOOL_TEST_WORKERS; caches {'warm' if warm else 'cold'})")
     passed = asyncio.run(run.go())
     if passed and not pytest_args:
         gap = run.lanes_cover_the_suite()

@@ -114,6 +114,21 @@ def test_the_testbeds_lanes_run_on_two_workers_a_module_on_one() -> None:
     assert next(s for s in stages.plan([], workers=2) if s.name == "flux").needs == ("kind",)
 
 
+def test_with_warm_caches_kind_goes_beside_the_builds_and_each_lane_waits_for_its_late_ones(
+) -> None:
+    warm = {s.name: s for s in stages.plan([], workers=2, warm=True)}
+    assert warm["flux"].needs == ("llama-server",)
+    assert warm["kind"].needs == ("llama-server",)
+    assert warm["kind b"].needs == ("kind",)
+    assert warm["local tests"].needs == ("argocd",)
+    assert warm["host tests"].needs == ("llama-server",)
+    assert warm["kind tests"].needs == ("kind b",)
+    cold = {s.name: s for s in stages.plan([], workers=1)}
+    assert cold["flux"].needs == ("kind",)
+    assert cold["local tests"].needs == ("control plane",)
+    assert cold["host tests"].needs == ()
+
+
 def test_on_one_worker_no_lane_uses_xdist_and_no_second_cluster_is_made() -> None:
     plan = stages.plan([], workers=1)
     assert all("-n" not in s.argv for s in plan)
@@ -145,17 +160,17 @@ def test_the_spare_share_is_the_idle_time_between_two_readings(
     assert stages.spare_between(first, second) == pytest.approx(spare)
 
 
-def test_the_caches_are_warm_with_a_built_control_plane_and_a_kind_cluster(
-        tmp_path: Path) -> None:
+def test_the_caches_are_warm_with_every_build_and_a_kind_cluster(tmp_path: Path) -> None:
     env = {"MODELPOOL_CACHE": str(tmp_path)}
     assert not stages.caches_warm(env)
     assert stages.lane_workers(env, 2, spare=1.0) == 1
-    binary = tmp_path / "controlplane" / "k8s-v1_etcd-v3" / "bin" / "kube-apiserver"
-    binary.parent.mkdir(parents=True)
-    binary.touch()
-    assert not stages.caches_warm(env)  # no kind cluster yet
     (tmp_path / "kind").mkdir()
     (tmp_path / "kind" / "modelpool.kubeconfig").touch()
+    for built in stages.BUILT:
+        assert not stages.caches_warm(env), built  # not yet every build
+        path = tmp_path / built.replace("*", "v1")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
     assert stages.caches_warm(env)
     assert stages.lane_workers(env, 2, spare=1.0) == 2
     assert not stages.caches_warm({**env, "MODELPOOL_KIND_KUBECONFIG": str(tmp_path / "none")})
