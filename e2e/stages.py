@@ -11,20 +11,21 @@ Each stage is a command that starts once the stages it needs have passed:
     local tests ─── local tests needing argocd                        (after the control plane)
     kind tests ──── kind tests needing flux, prometheus, registry     (after kind, and kind b)
 
-A test lane is a pytest process of its own (`e2e/lanes.py` says which tests each holds):
-the tests that wait on kubelets, controllers and swaps run while the builds and the
-computing tests fill the CPUs. On a machine of four cores or more, and on two when the
-caches are warm (or with MODELPOOL_TEST_WORKERS=2), the two lanes of the testbeds each run
+A test lane is a pytest process of its own (`e2e/lanes.py` says which tests each holds): the
+tests that wait on kubelets, controllers and swaps run while the builds and the computing
+tests fill the CPUs. On a machine of four cores or more, and on two when the caches are warm
+and the CPUs idle (or with MODELPOOL_TEST_WORKERS=2), the two lanes of the testbeds each run
 on two pytest-xdist workers with a cluster each: the local lane's workers start a control
 plane each, the kind lane's take the two kind clusters (`kind` and `kind b`,
-e2e/testbeds.py). With cold caches on two cores the builds fill both CPUs, so the lanes run
-on one process each and `kind b` is not made. A lane's tests that need a later build
-(`pytest.mark.build`) run once that build is done: after the lane's first pytest while it is
-being built, or in that pytest when it was built before the lane started. With warm caches
-(every build's output in the cache: each build a look at it) kind goes beside the other
-builds instead of before them, and the host and local lanes wait the few seconds for the
-builds their late tests need, so every lane runs in one pytest. With PYTEST ARGS,
-the builds run first and then one pytest with those arguments, as a developer asks for.
+e2e/testbeds.py). With cold caches on two cores the builds fill both CPUs, and on a busy
+machine the tests that compute would starve, so there the lanes run on one process each and
+`kind b` is not made. A lane's tests that need a later build (`pytest.mark.build`) run once
+that build is done: after the lane's first pytest while it is being built, or in that pytest
+when it was built before the lane started. With warm caches (every build's output in the
+cache: each build a look at it) kind goes beside the other builds instead of before them,
+and the host and local lanes wait the few seconds for the builds their late tests need, so
+every lane runs in one pytest. With PYTEST ARGS, the builds run first and then one pytest
+with those arguments, as a developer asks for.
 
 Every stage has a budget, cold (its caches empty) and warm; a stage that took longer than
 its budget is named in a warning where it ends and again in the summary, so the change that
@@ -543,7 +544,11 @@ def module_times(reports: Sequence[str]) -> list[tuple[str, float, int]]:
     seconds: dict[str, float] = {}
     tests: dict[str, int] = {}
     for report in reports:
-        for case in ElementTree.fromstring(report).iter("testcase"):
+        try:
+            root = ElementTree.fromstring(report)
+        except ElementTree.ParseError:  # a lane killed while writing it: its times are lost
+            continue
+        for case in root.iter("testcase"):
             module = module_of(case.get("classname", ""))
             seconds[module] = seconds.get(module, 0.0) + float(case.get("time") or 0.0)
             tests[module] = tests.get(module, 0) + 1

@@ -151,7 +151,7 @@ def test_module_times_add_up_each_modules_tests_over_every_lane_slowest_first() 
     <failure message="no">...</failure></testcase>
     <testcase classname="tests.unit.test_apis" name="test_e" time="0.5" />
     </testsuite></testsuites>"""
-    assert stages.module_times([host, kind]) == [
+    assert stages.module_times([host, kind, "<testsuites><testsuite"]) == [
         ("e2e.kind_tests.test_kind", 30.0, 1),
         ("tests.unit.test_swap", 3.5, 2),
         ("tests.unit.test_apis", 0.75, 2),
