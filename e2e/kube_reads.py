@@ -293,11 +293,11 @@ class Reads:
         with a Retry-After header is asked again after that many seconds, up to
         MAX_RETRIES times, as kubectl's client does (a CRD just established answers 429,
         `storage is (re)initializing`, until its watch cache is ready)."""
-        for _ in range(MAX_RETRIES):
+        for attempt in range(1, MAX_RETRIES + 1):
             status, body, retry_after = self._get(path, accept)
-            if status == 200 or retry_after is None:
+            if status == 200 or retry_after is None or attempt == MAX_RETRIES:
                 break
-            time.sleep(retry_after)
+            time.sleep(retry_after)  # the wait the API server asked for
         if status != 200:
             raise Failed(status, body)
         parsed: dict[str, Any] = json.loads(body)

@@ -29,23 +29,24 @@ KINDS = "modelservers.modelpool.dev,modelpools.modelpool.dev,modelrouters.modelp
 
 
 @pytest.fixture(scope="module")
-def crds(cluster: LocalCluster) -> Iterator[None]:
-    kubectl = Kubectl(
-        cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir / "kubectl")
-    )
+def module_kubectl(cluster: LocalCluster) -> Kubectl:
+    """kubectl for the module's fixtures (the `kubectl` fixture is a test's own)."""
+    return Kubectl(cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir / "kubectl"))
+
+
+@pytest.fixture(scope="module")
+def crds(module_kubectl: Kubectl) -> Iterator[None]:
+    kubectl = module_kubectl
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
     wait_established(kubectl, KINDS.split(","))
     yield
 
 
 @pytest.fixture(scope="module")
-def refused_namespace(cluster: LocalCluster) -> Iterator[str]:
+def refused_namespace(module_kubectl: Kubectl) -> Iterator[str]:
     """One namespace for every manifest admission refuses: a refused manifest leaves nothing
     in it (each such test checks), so the next finds it as empty as a fresh one."""
-    kubectl = Kubectl(
-        cluster.kubeconfig, shutil.which("kubectl") or str(cluster.bin_dir / "kubectl")
-    )
-    with fresh_namespace(kubectl, f"{__name__}::refused") as name:
+    with fresh_namespace(module_kubectl, f"{__name__}::refused") as name:
         yield name
 
 
