@@ -76,7 +76,7 @@ GOMOD
   log "etcd: compiling"
   (cd "$dir" && go build -trimpath -o "$BIN/etcd.tmp" . >&2)
   mv "$BIN/etcd.tmp" "$BIN/etcd"
-  log "etcd: done ($("$BIN/etcd" --version | head -1))"
+  log "etcd: done ($("$BIN/etcd" --version | sed -n 1p))"
 }
 
 # --- kubernetes: k8s.io/kubernetes with every staging module replaced by v0.X.Y.
@@ -132,7 +132,7 @@ GO
     if [[ $b == kube-apiserver ]]; then echo "$PATCH_ID" >"$PATCH_MARKER"; fi
     local version_cmd=(--version)
     if [[ $b == kubectl ]]; then version_cmd=(version --client); fi
-    log "$b: done in $((SECONDS - start))s ($("$BIN/$b" "${version_cmd[@]}" | head -1))"
+    log "$b: done in $((SECONDS - start))s ($("$BIN/$b" "${version_cmd[@]}" | sed -n 1p))"
   done
 }
 

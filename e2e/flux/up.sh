@@ -141,7 +141,7 @@ kubectl -n "$NAMESPACE" port-forward service/git-server :80 >"$forward_log" 2>&1
 forward=$!
 port=""
 for _ in $(seq 1 100); do
-  port="$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$forward_log" | head -n 1)"
+  port="$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$forward_log" | sed -n 1p)"
   [[ -n $port ]] && break
   kill -0 "$forward" 2>/dev/null || break
   sleep 0.1

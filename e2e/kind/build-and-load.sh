@@ -27,7 +27,7 @@ PROTOBUF_VERSION=7.36.2
 KUBELET_MODULE="k8s.io/kubelet@v0.35.4"
 python="$root/.venv/bin/python"
 [[ -x $python ]] || python=python3
-version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -n 1)"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | sed -n 1p)"
 
 log() { printf '[kind-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -9,7 +9,7 @@ CACHE="${MODELPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelpool}"
 # the kind that build-tools.sh built
 export PATH="$CACHE/kind/tools-k8s-${MODELPOOL_K8S_VERSION:-v1.35.4}/bin:$PATH"
 if [[ -z ${MODELPOOL_KIND_UNPRIVILEGED:-} ]]; then
-  probe_image="${MODELPOOL_KIND_PROBE_IMAGE:-$(docker image ls --format '{{.Repository}}:{{.Tag}}' 'modelpool/debian-root' | head -n 1)}"
+  probe_image="${MODELPOOL_KIND_PROBE_IMAGE:-$(docker image ls --format '{{.Repository}}:{{.Tag}}' 'modelpool/debian-root' | sed -n 1p)}"
   # as root, as kind's nodes run (a non-root process gets no capabilities to apply)
   if [[ -z $probe_image ]] || docker run --rm --privileged --user 0:0 --entrypoint /bin/true "$probe_image" >/dev/null 2>&1; then
     MODELPOOL_KIND_UNPRIVILEGED=0

@@ -73,14 +73,16 @@ nodes:
     modelpool.dev/fake-gpus: "2"
     modelpool.dev/fake-gpu-memory-mib: "1024"$cgroup_patch
 EOF
-if ! kind_ get clusters 2>/dev/null | grep -qx "$cluster"; then
+# read whole before it is searched (a grep -q that stops early sends kind SIGPIPE)
+clusters="$(kind_ get clusters 2>/dev/null || true)"
+if ! grep -qx "$cluster" <<<"$clusters"; then
   kind_ create cluster --name "$cluster" --config "$config" \
     --image "$node_image" --kubeconfig "$kubeconfig" --wait 0s
 fi
 kind_ get kubeconfig --name "$cluster" >"$kubeconfig"
 stage "kind create cluster"
 
-flannel_image="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q | grep 'modelpool/flannel:' | head -n 1)"
+flannel_image="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q | grep 'modelpool/flannel:' | sed -n 1p)"
 sed -e "s#IMAGE#$flannel_image#" -e "s#10.244.0.0/16#$POD_SUBNET#" "$here/flannel.yaml" \
   | kubectl_ apply -f - >/dev/null
 kubectl_ wait --for=condition=Ready node --all --timeout=180s >/dev/null

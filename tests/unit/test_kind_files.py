@@ -42,3 +42,35 @@ def test_up_applies_the_kind_overlay() -> None:
     text = (KIND / "up.sh").read_text()
     assert "-k \"$root/overlays/kind\"" in text
     assert (ROOT / "overlays" / "kind" / "kustomization.yaml").exists()
+
+
+def _pipefail_scripts() -> list[Path]:
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    scripts = []
+    for name in tracked:
+        path = ROOT / name
+        if not path.is_file() or path.suffix not in ("", ".sh"):
+            continue
+        with path.open("rb") as file:
+            head = file.read(4096)
+        if head.startswith((b"#!/usr/bin/env bash", b"#!/bin/bash")) and b"pipefail" in head:
+            scripts.append(path)
+    return scripts
+
+
+# A reader that stops at its first match closes the pipe while the writer may still have
+# lines to write (kind writes one per cluster): the writer dies of SIGPIPE and pipefail turns
+# "found" into a failure, once in a while. Such a pipeline reads its input whole instead
+# (`sed -n 1p`, or a here-string searched after the command has ended).
+STOPS_EARLY = re.compile(r"\|\s*(head\b|grep\s+(-\w*[qm]|--quiet|--max-count))")
+
+
+def test_no_pipeline_under_pipefail_ends_in_a_reader_that_stops_early() -> None:
+    scripts = _pipefail_scripts()
+    assert any(p.name == "up.sh" for p in scripts) and any(p.name == "lint" for p in scripts)
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in scripts
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if not line.lstrip().startswith("#") and STOPS_EARLY.search(line)]
+    assert not found, "\n".join(found)
