@@ -127,14 +127,20 @@ reuse() {
     [[ $(docker inspect -f '{{.State.Running}}' "$node") == true ]] || docker start "$node" >/dev/null
   done
   kind_ get kubeconfig --name "$cluster" >"$kubeconfig"
-  for ((i = 0; i < 90; i++)); do
-    if kubectl_ get --raw /readyz >/dev/null 2>&1; then
+  # Up to 5 min by the clock: with both clusters' nodes booting at once beside the tests,
+  # their API servers answered after 109 s, each try taking several seconds.
+  local began=$SECONDS next_say=$((SECONDS + 20))
+  while ((SECONDS - began < 300)); do
+    if kubectl_ get --raw /readyz --request-timeout=10s >/dev/null 2>&1; then
       return 0
     fi
-    ((i % 10 == 9)) && log "waiting for the reused cluster's API server ($((2 * i + 2))s of 180s)"
+    if ((SECONDS >= next_say)); then
+      log "waiting for the reused cluster's API server ($((SECONDS - began))s of 300s)"
+      next_say=$((SECONDS + 20))
+    fi
     sleep 2
   done
-  log "the API server of kind cluster $cluster did not answer in 180s: deleting the cluster"
+  log "the API server of kind cluster $cluster did not answer in 300s: deleting the cluster"
   return 1
 }
 # The list is read whole before it is searched: kind writes a line per cluster, and a
