@@ -1,4 +1,5 @@
-"""`kubectl get ... -o json` answered in the test process, over one kept-alive connection.
+"""`kubectl get ... -o json` answered in the test process, over one kept-alive connection;
+and the two writes every test's namespace takes (`create`, `delete`).
 
 The harness reads the cluster in every wait, about once a second per waiting test: run as
 `kubectl`, each read is a process of its own (some 90 ms of CPU, a kubeconfig and a
@@ -303,16 +304,43 @@ class Reads:
         parsed: dict[str, Any] = json.loads(body)
         return parsed
 
-    def _get(self, path: str, accept: str) -> tuple[int, bytes, int | None]:
-        """The status, body and Retry-After seconds (None: not to be retried) of a GET."""
+    def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """POST `obj` to the collection at `path` (`kubectl create`); the object created.
+        Raises Failed with the API server's refusal (AlreadyExists, Invalid, Forbidden...)."""
+        status, body, _ = self._get(path, "application/json", "POST", json.dumps(obj).encode())
+        if status not in (200, 201, 202):
+            raise Failed(status, body)
+        created: dict[str, Any] = json.loads(body)
+        return created
+
+    def delete(self, path: str) -> bool:
+        """DELETE the object at `path` in the background (`kubectl delete --wait=false`):
+        True when the API server took it, False when it was already gone."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions",
+                   "propagationPolicy": "Background"}
+        status, body, _ = self._get(path, "application/json", "DELETE",
+                                    json.dumps(options).encode())
+        if status == 404:
+            return False
+        if status not in (200, 202):
+            raise Failed(status, body)
+        return True
+
+    def _get(self, path: str, accept: str, method: str = "GET",
+             payload: bytes | None = None) -> tuple[int, bytes, int | None]:
+        """The status, body and Retry-After seconds (None: not to be retried) of a request,
+        a GET unless `method` says otherwise. A request whose connection broke is sent once
+        more on a new one: a kept-alive connection the server closed since."""
         creds = self._creds()
         headers = {"Accept": accept, "User-Agent": "modelpool-e2e-reads"}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
         if creds.token:
             headers["Authorization"] = f"Bearer {creds.token}"
         for attempt in (0, 1):
             connection = self._connection(creds)
             try:
-                connection.request("GET", path, headers=headers)
+                connection.request(method, path, body=payload, headers=headers)
                 response = connection.getresponse()
                 body = response.read()
                 break

@@ -72,8 +72,8 @@ def test_a_swap_reads_the_targets_weights_on_the_incumbents_node_while_it_unload
         assert host == NODE, started
         # and it is gone once b loaded
         harness.eventually(
-            lambda: True if kubectl("get", "pod", "slot-prewarm", "-n", ns,
-                                    check=False).returncode != 0 else None,
+            lambda: True if kubectl.json_or_none("get", "pod", "slot-prewarm", "-n",
+                                                 ns) is None else None,
             "the prewarm pod gone after the swap", 60)
     finally:
         kubectl("delete", "namespace", ns, "--wait=false", check=False)

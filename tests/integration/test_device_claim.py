@@ -159,16 +159,16 @@ async def test_removing_the_claim_prunes_it_and_the_members_request_the_gpu_agai
     apply(kubectl, namespace, server("a", gpu=0), body)
 
     async def claimed() -> bool | None:
-        found = kubectl("get", "resourceclaim", "slot-gpu", "-n", namespace, check=False)
-        return True if found.returncode == 0 else None
+        found = kubectl.json_or_none("get", "resourceclaim", "slot-gpu", "-n", namespace)
+        return True if found is not None else None
 
     await eventually(claimed, "the pool's ResourceClaim", 30)
     del body["spec"]["device"]
     apply(kubectl, namespace, body)
 
     async def pruned() -> bool | None:
-        found = kubectl("get", "resourceclaim", "slot-gpu", "-n", namespace, check=False)
-        return True if found.returncode != 0 else None
+        found = kubectl.json_or_none("get", "resourceclaim", "slot-gpu", "-n", namespace)
+        return True if found is None else None
 
     await eventually(pruned, "the ResourceClaim pruned", 30)
 

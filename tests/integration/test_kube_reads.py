@@ -5,6 +5,7 @@ CRDs and custom resources, managed fields only when asked, and kubectl's refusal
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,25 @@ def test_a_refusal_reads_as_kubectl_says_it(kubectl: Kubectl, namespace: str) ->
 ])
 def test_other_shapes_are_left_to_kubectl(kubectl: Kubectl, args: tuple[str, ...]) -> None:
     assert kube_reads.Reads(kubectl.kubeconfig).get(args) is None
+
+
+def test_a_namespace_made_and_deleted_in_process_is_what_kubectl_sees(kubectl: Kubectl) -> None:
+    """The namespace fixture's two writes: kubectl reads back what `create` made, a second
+    create is refused as kubectl's would be, `delete` sets the namespace terminating, and a
+    delete of one that never was says so."""
+    name = f"t-reads-made-{secrets.token_hex(3)}"
+    manifest = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"modelpool.dev/test": "true"}}}
+    kubectl.create_namespace(manifest)
+    try:
+        seen = by_kubectl(kubectl, "get", "namespace", name)
+        assert seen["metadata"]["labels"]["modelpool.dev/test"] == "true"
+        with pytest.raises(AssertionError, match="AlreadyExists"):
+            kubectl.create_namespace(manifest)
+        assert kubectl.json_or_none("get", "serviceaccount", "absent", "-n", name) is None
+    finally:
+        assert kube_reads.Reads(kubectl.kubeconfig).delete(f"/api/v1/namespaces/{name}")
+    gone = kubectl.json_or_none("get", "namespace", name)
+    assert gone is None or gone["metadata"].get("deletionTimestamp"), gone
+    assert not kube_reads.Reads(kubectl.kubeconfig).delete(
+        f"/api/v1/namespaces/{name}-never-made")

@@ -44,10 +44,7 @@ def apply(kubectl: Kubectl, namespace: str, *objects: dict[str, Any]) -> None:
 
 
 def get_pod(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
-    result = kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
-    if result.returncode != 0:
-        return None
-    pod: dict[str, Any] = json.loads(result.stdout)
+    pod: dict[str, Any] | None = kubectl.json_or_none("get", "pod", name, "-n", namespace)
     return pod
 
 
@@ -353,10 +350,9 @@ def test_agent_registers_its_node_and_stops_its_pods_on_sigterm(
         agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         def ready_node() -> dict[str, Any] | None:
-            result = kubectl("get", "node", node, "-o", "json", check=False)
-            if result.returncode:
+            found: dict[str, Any] | None = kubectl.json_or_none("get", "node", node)
+            if found is None:
                 return None
-            found: dict[str, Any] = json.loads(result.stdout)
             conditions = found.get("status", {}).get("conditions") or []
             ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
             return found if ok else None

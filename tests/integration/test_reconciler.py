@@ -221,10 +221,10 @@ def apply(kubectl: Any, namespace: str, *objects: Json) -> None:
 
 
 def replicas(kubectl: Any, namespace: str, name: str) -> int | None:
-    result = kubectl("get", "deployment", name, "-n", namespace, "-o", "json", check=False)
-    if result.returncode:
+    deployment = kubectl.json_or_none("get", "deployment", name, "-n", namespace)
+    if deployment is None:
         return None
-    return int(json.loads(result.stdout)["spec"].get("replicas", 1))
+    return int(deployment["spec"].get("replicas", 1))
 
 
 def condition(obj: Json, type_: str) -> Json | None:
@@ -785,7 +785,7 @@ async def test_a_router_that_refers_to_no_server_keeps_only_its_config_and_owns_
     async def rendered() -> bool | None:
         for kind, name in (("role", "chat-router"), ("configmap", "chat-config"),
                            ("deployment", "chat-router")):
-            if kubectl("get", kind, name, "-n", namespace, check=False).returncode:
+            if kubectl.json_or_none("get", kind, name, "-n", namespace) is None:
                 return None
         return True
 
@@ -820,7 +820,7 @@ async def test_a_router_that_refers_to_no_server_keeps_only_its_config_and_owns_
         for kind, name in (("deployment", "chat-router"), ("service", "chat-router"),
                            ("configmap", "chat-config"), ("role", "chat-router"),
                            ("rolebinding", "chat-router"), ("serviceaccount", "chat-router")):
-            if kubectl("get", kind, name, "-n", namespace, check=False).returncode == 0:
+            if kubectl.json_or_none("get", kind, name, "-n", namespace) is not None:
                 return None
         return True
 
@@ -840,8 +840,8 @@ async def test_a_router_in_a_namespace_being_deleted_is_left_to_go_with_it(
     apply(kubectl, namespace, server("a"), held)
 
     async def rendered() -> bool | None:
-        found = kubectl("get", "configmap", "chat-config", "-n", namespace, check=False)
-        return True if found.returncode == 0 else None
+        found = kubectl.json_or_none("get", "configmap", "chat-config", "-n", namespace)
+        return True if found is not None else None
 
     await eventually(rendered, "the router's ConfigMap", 30)
     caplog.set_level(logging.INFO, logger="reconciler")
@@ -937,8 +937,8 @@ async def test_a_router_applied_before_its_server_is_in_progress_never_stalled(
         apply(kubectl, namespace, server("a"))
 
         async def rendered() -> bool | None:
-            return kubectl("get", "deployment", "chat-router", "-n", namespace,
-                           check=False).returncode == 0 or None
+            return kubectl.json_or_none("get", "deployment", "chat-router", "-n",
+                                        namespace) is not None or None
 
         await eventually(rendered, "the router rendered once its server exists", 30)
     finally:
@@ -1199,10 +1199,10 @@ async def test_a_field_the_spec_no_longer_asks_for_leaves_the_rendered_object(
     only a reconciler that knows it rendered something else before applies it again
     (server-side apply then drops what its field manager no longer sets)."""
     def volumes() -> tuple[list[str], list[str]] | None:
-        got = kubectl("get", "deployment", "s", "-n", namespace, "-o", "json", check=False)
-        if got.returncode:
+        got = kubectl.json_or_none("get", "deployment", "s", "-n", namespace)
+        if got is None:
             return None
-        pod = json.loads(got.stdout)["spec"]["template"]["spec"]
+        pod = got["spec"]["template"]["spec"]
         return ([v["name"] for v in pod.get("volumes", [])],
                 [m["name"] for m in pod["containers"][0].get("volumeMounts", [])])
 
@@ -1227,10 +1227,10 @@ async def test_a_field_the_spec_no_longer_asks_for_leaves_the_rendered_object(
 def _policy_routers(kubectl: Any, namespace: str, name: str) -> list[str] | None:
     """The routers the member's NetworkPolicy admits ([] for the reconciler alone), or
     None when there is no policy."""
-    result = kubectl("get", "networkpolicy", name, "-n", namespace, "-o", "json", check=False)
-    if result.returncode:
+    policy = kubectl.json_or_none("get", "networkpolicy", name, "-n", namespace)
+    if policy is None:
         return None
-    peers = json.loads(result.stdout)["spec"]["ingress"][0]["from"]
+    peers = policy["spec"]["ingress"][0]["from"]
     for peer in peers:
         for expression in (peer.get("podSelector") or {}).get("matchExpressions") or []:
             if expression["key"] == "modelpool.dev/router":
