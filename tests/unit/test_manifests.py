@@ -322,6 +322,10 @@ def test_reconciler_deployment() -> None:
     assert {e["name"] for e in c["env"]} == {"POD_NAME", "POD_NAMESPACE", "MODELPOOL_ROUTER_IMAGE"}
     # The routers run the reconciler's own image.
     assert {"name": "MODELPOOL_ROUTER_IMAGE", "value": c["image"]} in c["env"]
+    # Burstable, never BestEffort (starved on a busy node, its probes time out), and never
+    # throttled: CPU and memory requested, no CPU limit.
+    assert set(c["resources"]["requests"]) == {"cpu", "memory"}
+    assert "cpu" not in c["resources"].get("limits", {})
     _assert_restricted(pod, "modelpool-reconciler")
 
 
