@@ -318,6 +318,11 @@ def test_reconciler_deployment() -> None:
     assert c["args"] == ["run", "--leader-elect"]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # A slow start is not a stuck loop: startup gets its own probe, and liveness waits 5 s
+    # for an answer (the default 1 s restarted it on busy CPUs).
+    assert c["startupProbe"]["httpGet"] == c["livenessProbe"]["httpGet"]
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 60
+    assert c["livenessProbe"]["timeoutSeconds"] >= 5
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
     assert {e["name"] for e in c["env"]} == {"POD_NAME", "POD_NAMESPACE", "MODELPOOL_ROUTER_IMAGE"}
     # The routers run the reconciler's own image.
