@@ -295,7 +295,7 @@ class Reads:
         MAX_RETRIES times, as kubectl's client does (a CRD just established answers 429,
         `storage is (re)initializing`, until its watch cache is ready)."""
         for attempt in range(1, MAX_RETRIES + 1):
-            status, body, retry_after = self._get(path, accept)
+            status, body, retry_after = self._send(path, accept)
             if status == 200 or retry_after is None or attempt == MAX_RETRIES:
                 break
             time.sleep(retry_after)  # the wait the API server asked for
@@ -307,7 +307,7 @@ class Reads:
     def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         """POST `obj` to the collection at `path` (`kubectl create`); the object created.
         Raises Failed with the API server's refusal (AlreadyExists, Invalid, Forbidden...)."""
-        status, body, _ = self._get(path, "application/json", "POST", json.dumps(obj).encode())
+        status, body, _ = self._send(path, "application/json", "POST", json.dumps(obj).encode())
         if status not in (200, 201, 202):
             raise Failed(status, body)
         created: dict[str, Any] = json.loads(body)
@@ -318,15 +318,15 @@ class Reads:
         True when the API server took it, False when it was already gone."""
         options = {"apiVersion": "v1", "kind": "DeleteOptions",
                    "propagationPolicy": "Background"}
-        status, body, _ = self._get(path, "application/json", "DELETE",
-                                    json.dumps(options).encode())
+        status, body, _ = self._send(path, "application/json", "DELETE",
+                                     json.dumps(options).encode())
         if status == 404:
             return False
         if status not in (200, 202):
             raise Failed(status, body)
         return True
 
-    def _get(self, path: str, accept: str, method: str = "GET",
+    def _send(self, path: str, accept: str, method: str = "GET",
              payload: bytes | None = None) -> tuple[int, bytes, int | None]:
         """The status, body and Retry-After seconds (None: not to be retried) of a request,
         a GET unless `method` says otherwise. A request whose connection broke is sent once
