@@ -630,7 +630,7 @@ async def test_an_idle_reconciler_makes_no_writes(
     kinds = "modelservers,modelpools,modelrouters,deployments,replicasets,services,configmaps," \
             "serviceaccounts,roles,rolebindings,endpointslices"
 
-    def footprint() -> tuple[dict[str, str], int, float]:
+    def footprint() -> tuple[dict[str, str], int, dict[str, float]]:
         items = kubectl.json("get", kinds, "-n", namespace, "--show-managed-fields")["items"]
         entries = {
             f"{o['kind']}/{o['metadata']['name']}/{e.get('subresource', '')}":
@@ -641,22 +641,26 @@ async def test_an_idle_reconciler_makes_no_writes(
         }
         events = kubectl.json("get", "events", "-n", namespace)["items"]
         ours = sum(1 for e in events if e.get("reportingComponent") == "modelpool-reconciler")
-        sent = sum(
-            sample.value
+        sent = {
+            f"{sample.labels['verb']} {sample.labels['resource']}": sample.value
             for metric in reconciler.registry.collect()
             if metric.name == "modelpool_reconciler_api_writes"
             for sample in metric.samples
             if sample.name.endswith("_total")
-        )
+        }
         return entries, ours, sent
 
-    # the swap's last status writes follow the member turning Ready: wait for a quiet spell
+    def queued() -> float:
+        return reconciler.registry.get_sample_value("modelpool_reconciler_queue_depth") or 0.0
+
+    # the swap's last status writes follow the member turning Ready: wait for a quiet spell,
+    # nothing written for 3 s and nothing left in the reconciler's work queue
     quiet_since, before = time.monotonic(), footprint()
     started = time.monotonic()
-    while time.monotonic() - quiet_since < 3:
+    while time.monotonic() - quiet_since < 3 or queued():
         await asyncio.sleep(0.5)
         now = footprint()
-        if now != before:
+        if now != before or queued():
             before, quiet_since = now, time.monotonic()
         assert time.monotonic() - started < 60, "the reconciler never went quiet"
     assert before[0], "no object shows the reconciler as a field manager"
@@ -679,10 +683,11 @@ async def test_an_idle_reconciler_makes_no_writes(
 
         await eventually(moved, f"{kind} reconciled again", 20)
     after = footprint()
-    assert after[2] == before[2], ("the reconciler sent writes while idle", [
-        (sample.labels, sample.value) for metric in reconciler.registry.collect()
-        if metric.name == "modelpool_reconciler_api_writes" for sample in metric.samples
-        if sample.name.endswith("_total")])
+    written = {key: (before[2].get(key, 0.0), count) for key, count in after[2].items()
+               if count != before[2].get(key, 0.0)}
+    assert not written, ("the reconciler sent writes while idle (before, after)", written,
+                       {key: (before[0].get(key), entry) for key, entry in after[0].items()
+                        if entry != before[0].get(key)})
     assert after[1] == before[1], "the reconciler posted Events while idle"
     assert after[0] == before[0]
 
