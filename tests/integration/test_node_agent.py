@@ -362,7 +362,10 @@ def test_agent_registers_its_node_and_stops_its_pods_on_sigterm(
         assert registered["status"]["capacity"]["nvidia.com/gpu"] == "2"
         assert {"type": "InternalIP", "address": "127.0.0.1"} in registered["status"]["addresses"]
         assert registered["spec"]["unschedulable"] is True
-        lease = kubectl.json("get", "lease", node, "-n", "kube-node-lease")
+        # The Lease comes from a loop of its own, as a kubelet's does: no order between the
+        # two, so it is waited for too.
+        lease = wait_for("the node's Lease", lambda: kubectl.json_or_none(
+            "get", "lease", node, "-n", "kube-node-lease"))
         assert lease["spec"]["holderIdentity"] == node
 
         probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1}
