@@ -97,7 +97,12 @@ class WorkQueue(Generic[K]):
         self.add(key)
 
     async def get(self) -> K:
-        """The next key, marked as being processed until `done`."""
+        """The next key, marked as being processed until `done`. It always lets the event
+        loop run first, even with keys waiting: a worker whose reconcile awaits nothing
+        that suspends and whose key comes straight back (a wake already due) would else
+        hold the loop forever, and with it the answers it waits for (an idle probe), the
+        watches and the health server."""
+        await asyncio.sleep(0)
         while not self._queue:
             if self._shut_down:
                 raise QueueShutDown

@@ -102,3 +102,24 @@ async def test_a_restart_backlog_holds_no_pool_behind_the_servers() -> None:
         q.add(f"server-{n}")
     q.add("pool-waiting")
     assert await q.get() == "pool-waiting"
+
+
+async def test_a_key_that_comes_straight_back_never_holds_the_event_loop() -> None:
+    """A worker whose reconcile awaits nothing that suspends, and whose key is queued again
+    at once (a wake already due), still lets the rest of the loop run: the idle probe it
+    waits for, the watches, the health server."""
+    q: WorkQueue[str] = WorkQueue()
+    answered = asyncio.Event()
+
+    async def probe() -> None:
+        answered.set()
+
+    asyncio.get_running_loop().create_task(probe())
+    q.add("pool")
+    turns = 0
+    while not answered.is_set() and turns < 10_000:
+        key = await q.get()
+        q.add(key)  # requeued at once, as add_after(key, 0) does
+        q.done(key)
+        turns += 1
+    assert answered.is_set() and turns <= 2, turns
