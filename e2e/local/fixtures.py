@@ -220,15 +220,10 @@ class Kubectl:
     def json_or_none(self, *args: str) -> Any | None:
         """`json(*args)`, or None where kubectl would exit non-zero (the object is absent,
         mostly): the check of a wait that asks whether something exists yet."""
-        if self.reads is not None:
-            try:
-                answered = self.reads.get(args)
-            except kube_reads.Failed:
-                return None
-            if answered is not None:
-                return answered
-        result = self(*args, "-o", "json", check=False)
-        return json.loads(result.stdout) if result.returncode == 0 else None
+        try:
+            return self.json(*args)
+        except AssertionError:  # how `json` says kubectl exited non-zero
+            return None
 
     def create_namespace(self, manifest: dict[str, Any]) -> None:
         """`kubectl create` of a Namespace, in this process where it can be."""
