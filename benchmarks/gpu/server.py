@@ -47,7 +47,12 @@ class LlamaServer:
         return self.process.pid
 
     def wait_ready(self, timeout_s: float) -> float:
-        """Seconds from the start to the first `/health` 200."""
+        """Seconds from the start to the first `/health` 200; returns once the server's task
+        loop answers too (`GET /slots`, a task of that loop), untimed. llama-server turns
+        `/health` to 200, then installs its SIGTERM handler, then starts its task loop; the
+        handler stops the loop by clearing a flag that the loop's start sets again, so a
+        SIGTERM that lands between the two is lost and the server runs on. A server stopped
+        at once after its first 200 (a load or swap step's incumbent) needs its loop begun."""
         deadline = self.started + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -56,11 +61,23 @@ class LlamaServer:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
                     if reply.status == 200:
-                        return time.monotonic() - self.started
+                        ready_s = time.monotonic() - self.started
+                        self.wait_task_loop(deadline)
+                        return ready_s
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(POLL_S)
         raise ServerError(f"llama-server on {self.label} not ready in {timeout_s} s")
+
+    def wait_task_loop(self, deadline: float) -> None:
+        """`GET /slots` answered: the request waits in the task queue until the loop runs."""
+        timeout = max(deadline - time.monotonic(), 1.0)
+        try:
+            with urllib.request.urlopen(self.url + "/slots", timeout=timeout) as reply:
+                reply.read()
+        except urllib.error.HTTPError as error:
+            raise ServerError(f"llama-server on {self.label}: GET /slots answered "
+                              f"{error.code} after /health 200") from error
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> dict[str, Any]:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
