@@ -52,6 +52,9 @@ def llama_server_binary() -> Path:
 
 
 async def _healthy(url: str, process: asyncio.subprocess.Process | None) -> None:
+    """`/health` 200, then `GET /slots` answered: llama-server starts its task loop (which
+    answers `/slots`) after its first 200, and loses a SIGTERM that lands before that start
+    (benchmarks/gpu/server.py), so a server stopped at once would run on."""
     async with aiohttp.ClientSession() as http:
         for _ in range(600):
             if process is not None and process.returncode is not None:
@@ -59,6 +62,8 @@ async def _healthy(url: str, process: asyncio.subprocess.Process | None) -> None
             with contextlib.suppress(aiohttp.ClientError):
                 async with http.get(url + "/health") as r:
                     if r.status == 200:
+                        async with http.get(url + "/slots") as slots:
+                            assert slots.status == 200, f"{url}/slots: {slots.status}"
                         return
             await asyncio.sleep(0.05)  # polling a server's start: there is no event to wait on
     raise AssertionError(f"{url} never answered /health 200")
