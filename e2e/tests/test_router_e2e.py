@@ -259,6 +259,10 @@ def test_an_idle_pool_gives_the_gpu_back_and_the_next_request_loads_it_again(
     and says why, and the next request through the router loads it and is answered."""
     stack = bring_up(kubectl, namespace, installed, idleUnloadAfter="6s")
     with stack.client() as client:
+        # The router may have taken longer than 6 s to be Ready, and the default unloaded
+        # meanwhile: then this request loads it, and is answered before the status says so.
+        chat(client, "a", max_tokens=1)
+        harness.wait_pool_ready(kubectl, namespace, POOL, resident="a", within=30)
         started = time.monotonic()
         while time.monotonic() - started < 12:  # twice idleUnloadAfter of light traffic
             chat(client, "a", max_tokens=1)
@@ -398,6 +402,11 @@ def test_past_the_hold_budget_503_with_retry_after_and_a_retrying_client_gets_it
         error = refused.value.body
         assert isinstance(error, dict) and error.get("code") in (
             "swap_budget_exceeded", "swap_abandoned"), error
+        # The retried swap's budget counts from its start, and a loaded node can take 10 s
+        # to schedule, start and report b Ready: abandoned there, the pool would go back to
+        # its default after b had answered. The budget is read at every step of a swap.
+        stack.kubectl("patch", "modelpool", POOL, "-n", stack.namespace, "--type=merge",
+                      "-p", '{"spec": {"swapBudget": "60s"}}')
 
         patient_thread.join(90)
         busy.join(30)
