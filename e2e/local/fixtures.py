@@ -237,6 +237,22 @@ class Kubectl:
         except kube_reads.Failed as e:
             raise AssertionError(f"kubectl create namespace exited 1: {e}") from None
 
+    def refusal(self, namespace: str, manifest: dict[str, Any]) -> str | None:
+        """`kubectl create -n NAMESPACE -f -` of `manifest`, in this process where it can
+        be: None when the object was created, else the API server's refusal as kubectl
+        prints it (`Error from server (Invalid): ... is invalid: spec.x: ...`)."""
+        if self.reads is not None:
+            try:
+                self.reads.create_in(namespace, manifest)
+                return None
+            except kube_reads.Failed as e:
+                return str(e)
+            except kube_reads.Unsupported:
+                pass
+        result = self("create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
+                      check=False)
+        return None if result.returncode == 0 else result.stderr
+
     def delete_namespace(self, name: str) -> None:
         """`kubectl delete namespace NAME --wait=false --ignore-not-found`, errors ignored."""
         if self.reads is not None:

@@ -549,13 +549,34 @@ def test_invalid_manifest_is_rejected_naming_the_field(
     expected: tuple[str, ...],
 ) -> None:
     namespace = refused_namespace
-    result = kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
-    assert result.returncode != 0, f"accepted: {result.stdout}"
-    assert "is invalid" in result.stderr, result.stderr
+    refusal = kubectl.refusal(namespace, manifest)
+    assert refusal is not None, "accepted"
+    assert "is invalid" in refusal, refusal
     for text in expected:
-        assert text in result.stderr, f"{text!r} not in {result.stderr!r}"
+        assert text in refusal, f"{text!r} not in {refusal!r}"
     for kind in KINDS.split(","):
         assert kubectl.json("get", kind, "-n", namespace)["items"] == [], kind
+
+
+@pytest.mark.parametrize("case", [INVALID[0], INVALID[-1]], ids=lambda c: str(c[0]))
+def test_kubectl_prints_the_refusal_the_table_reads_in_process(
+    crds: None,
+    kubectl: Kubectl,
+    refused_namespace: str,
+    case: tuple[str, dict[str, Any], tuple[str, ...]],
+) -> None:
+    """The table above reads the API server's refusal in this process; what a person sees
+    is kubectl's: the same causes, after kubectl's own words for the object."""
+    _, manifest, expected = case
+    result = kubectl("create", "-n", refused_namespace, "-f", "-", input=json.dumps(manifest),
+                     check=False)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    in_process = kubectl.refusal(refused_namespace, manifest)
+    assert in_process is not None and in_process.startswith("Error from server (Invalid): ")
+    causes = in_process.partition(" is invalid: ")[2]
+    assert causes and f'"{manifest["metadata"]["name"]}" is invalid: {causes}' in \
+        result.stderr, (in_process, result.stderr)
+    assert all(text in result.stderr for text in expected), result.stderr
 
 
 def test_a_chain_of_fallbacks_without_a_loop_is_admitted(
