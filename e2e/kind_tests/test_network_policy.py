@@ -42,6 +42,13 @@ print(last)
 def from_a_pod(kubectl: Kubectl, namespace: str, name: str, url: str,
                labels: dict[str, str] | None = None) -> str:
     """Run a one-shot pod in `namespace` that GETs `url`; what it printed."""
+    start_client(kubectl, namespace, name, url, labels)
+    return client_output(kubectl, namespace, name)
+
+
+def start_client(kubectl: Kubectl, namespace: str, name: str, url: str,
+                 labels: dict[str, str] | None = None) -> None:
+    """A one-shot pod in `namespace` that GETs `url`, started."""
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": labels or {}},
@@ -60,6 +67,9 @@ def from_a_pod(kubectl: Kubectl, namespace: str, name: str, url: str,
     }
     harness.apply(kubectl, namespace, pod)
 
+
+def client_output(kubectl: Kubectl, namespace: str, name: str) -> str:
+    """What the client pod `name` printed, once it has ended."""
     def done() -> bool | None:
         phase = harness.get(kubectl, namespace, "pod", name)["status"].get("phase")
         return True if phase in ("Succeeded", "Failed") else None
@@ -95,13 +105,16 @@ def test_only_its_routers_and_the_reconciler_reach_a_member(
     health = f"http://{member.ip}:8080/health"
 
     # Refused: a pod of no router, a pod claiming another router's label, this machine.
-    assert from_a_pod(kubectl, ns, "stranger", health).startswith("failed:")
-    assert from_a_pod(kubectl, ns, "impostor", health,
-                      {harness.LABEL_ROUTER: "other"}).startswith("failed:")
-    assert from_here(health).startswith("failed:")
     # The same request from a pod the policy admits answers, so the refusals are the
-    # policy's and not a dead member.
-    assert from_a_pod(kubectl, ns, "fronting", health, {harness.LABEL_ROUTER: "chat"}) == "200"
+    # policy's and not a dead member. The three pods run side by side (each refused one
+    # tries for 10 s).
+    start_client(kubectl, ns, "stranger", health)
+    start_client(kubectl, ns, "impostor", health, {harness.LABEL_ROUTER: "other"})
+    start_client(kubectl, ns, "fronting", health, {harness.LABEL_ROUTER: "chat"})
+    assert from_here(health).startswith("failed:")
+    assert client_output(kubectl, ns, "stranger").startswith("failed:")
+    assert client_output(kubectl, ns, "impostor").startswith("failed:")
+    assert client_output(kubectl, ns, "fronting") == "200"
 
     # Through the router: the key is demanded, and there is no way around it.
     base = harness.base_url(router_pod)
