@@ -16,7 +16,7 @@ from benchmarks.gpu.server import LlamaServer, ServerError
 pytestmark = pytest.mark.functional
 
 STANDIN = '''
-import http.server, signal, sys, threading
+import http.server, pathlib, signal, sys, threading, time
 port = int(sys.argv[sys.argv.index("--port") + 1])
 loop_started = threading.Event()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)   # the handler's flag, cleared by the loop start
@@ -36,6 +36,7 @@ server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 threading.Event().wait(LOOP_DELAY_S)   # between the ready flag and the loop
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+pathlib.Path(__file__).with_name("loop-started").write_text(repr(time.monotonic()))
 loop_started.set()
 threading.Event().wait()
 '''
@@ -56,12 +57,14 @@ def test_ready_waits_for_the_task_loop_so_a_sigterm_at_once_is_not_lost(
         server = LlamaServer(standin(tmp_path, 2.0), tmp_path / "m.gguf", 256, [], log, "m")
         try:
             ready_s = server.wait_ready(30)
-            returned_s = time.monotonic() - server.started
+            returned = time.monotonic()
             exit_s = server.stop(timeout_s=10)
         finally:
             server.process.kill()
             server.process.wait()
-    assert returned_s - ready_s > 1.5, "the ready figure is the first /health 200, untimed after"
+    loop_started = float((tmp_path / "loop-started").read_text())  # the same monotonic clock
+    assert returned > loop_started, "ready before the task loop ran"
+    assert server.started + ready_s < loop_started, "the figure is the first /health 200"
     assert exit_s < 5
 
 
