@@ -239,8 +239,9 @@ class Kubectl:
 
     def refusal(self, namespace: str, manifest: dict[str, Any]) -> str | None:
         """`kubectl create -n NAMESPACE -f -` of `manifest`, in this process where it can
-        be: None when the object was created, else the API server's refusal as kubectl
-        prints it (`Error from server (Invalid): ... is invalid: spec.x: ...`)."""
+        be: None when the object was created, else the API server's refusal in kubectl's
+        frame (`Error from server (Invalid): ModelPool.modelpool.dev "p" is invalid: ...`;
+        kubectl itself names an invalid object `The ModelPool "p"`)."""
         if self.reads is not None:
             try:
                 self.reads.create_in(namespace, manifest)
