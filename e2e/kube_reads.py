@@ -313,16 +313,18 @@ class Reads:
         created: dict[str, Any] = json.loads(body)
         return created
 
-    def create_in(self, namespace: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """`kubectl create -n NAMESPACE -f -` of `obj` (its own namespace, if it names one,
-        wins): POSTed to its kind's collection at its apiVersion. Raises Failed with the
-        API server's refusal, Unsupported where discovery does not know its kind."""
+    def create_in(self, namespace: str | None, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """`kubectl create [-n NAMESPACE] -f -` of `obj` (its own namespace, if it names one,
+        wins; else the kubeconfig's): POSTed to its kind's collection at its apiVersion.
+        Raises Failed with the API server's refusal, Unsupported where discovery does not
+        know its kind."""
         kind = str(obj.get("kind") or "")
         group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
         known = self._resource(f"{kind.lower()}.{group}" if group else kind.lower())
         resource = Resource(group, version, known.plural, kind, known.namespaced)
         own = (obj.get("metadata") or {}).get("namespace")
-        return self.create(resource.path(str(own or namespace)), obj)
+        where = str(own or namespace or self._creds().namespace)
+        return self.create(resource.path(where), obj)
 
     def delete(self, path: str) -> bool:
         """DELETE the object at `path` in the background (`kubectl delete --wait=false`):

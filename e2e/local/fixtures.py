@@ -227,18 +227,12 @@ class Kubectl:
 
     def create_namespace(self, manifest: dict[str, Any]) -> None:
         """`kubectl create` of a Namespace, in this process where it can be."""
-        if self.reads is None:
-            self("create", "-f", "-", input=json.dumps(manifest))
-            return
-        try:
-            self.reads.create("/api/v1/namespaces", manifest)
-        except kube_reads.Unsupported:
-            self("create", "-f", "-", input=json.dumps(manifest))
-        except kube_reads.Failed as e:
-            raise AssertionError(f"kubectl create namespace exited 1: {e}") from None
+        refused = self.refusal(None, manifest)
+        if refused is not None:
+            raise AssertionError(f"kubectl create namespace exited 1: {refused}")
 
-    def refusal(self, namespace: str, manifest: dict[str, Any]) -> str | None:
-        """`kubectl create -n NAMESPACE -f -` of `manifest`, in this process where it can
+    def refusal(self, namespace: str | None, manifest: dict[str, Any]) -> str | None:
+        """`kubectl create [-n NAMESPACE] -f -` of `manifest`, in this process where it can
         be: None when the object was created, else the API server's refusal in kubectl's
         frame (`Error from server (Invalid): ModelPool.modelpool.dev "p" is invalid: ...`;
         kubectl itself names an invalid object `The ModelPool "p"`)."""
@@ -250,8 +244,8 @@ class Kubectl:
                 return str(e)
             except kube_reads.Unsupported:
                 pass
-        result = self("create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
-                      check=False)
+        where = ("-n", namespace) if namespace else ()
+        result = self("create", *where, "-f", "-", input=json.dumps(manifest), check=False)
         return None if result.returncode == 0 else result.stderr
 
     def delete_namespace(self, name: str) -> None:
