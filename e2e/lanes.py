@@ -20,14 +20,21 @@ selects every collected test exactly once: tests/unit/test_lanes.py holds that.
 
 A lane may run its tests on several pytest-xdist workers (`-n 2 --dist loadfile`), each a
 process with a session cluster of its own. A module's tests stay on one worker, so a module
-that starts a cluster of its own (`cluster = private_cluster(...)`) starts it once; xdist
-hands out the modules with the most tests first.
+that starts a cluster of its own (`cluster = private_cluster(...)`) starts it once. xdist
+hands out the modules in the order collected (`--no-loadscope-reorder`), and a lane collects
+them longest first by the seconds each took in the last run (`MODELPOOL_TEST_DURATIONS`, the
+table `scripts/test` keeps in the cache): the long ones start early and the lane's two
+workers end together rather than one running a long module alone at the end. A module
+with no time yet goes first, as the long one it may be; with no table at all, the modules
+with the most tests go first (xdist's own order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -39,6 +46,8 @@ HOST_DIRECTORIES = (REPO_ROOT / "tests" / "unit", REPO_ROOT / "tests" / "functio
 E2E_DIRECTORY = REPO_ROOT / "e2e" / "tests"
 KIND_DIRECTORY = REPO_ROOT / "e2e" / "kind_tests"
 BUILDS = ("none", "only")
+DURATIONS = "MODELPOOL_TEST_DURATIONS"
+Item = TypeVar("Item", bound=pytest.Item)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,7 +95,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = partition(items, lane, builds)
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    table = os.environ.get(DURATIONS)
+    items[:] = longest_first(keep, read_durations(Path(table)) if table else {})
 
 
 def partition(items: Sequence[pytest.Item], lane: str | None,
@@ -96,3 +106,43 @@ def partition(items: Sequence[pytest.Item], lane: str | None,
     for item in items:
         (keep if selected(item, lane, builds) else drop).append(item)
     return keep, drop
+
+
+def module_of(nodeid: str) -> str:
+    """'e2e.kind_tests.test_kind' for a test of e2e/kind_tests/test_kind.py, as its JUnit
+    classname starts (what `scripts/test` times a module by)."""
+    return nodeid.split("::", 1)[0].removesuffix(".py").replace("/", ".")
+
+
+def read_durations(path: Path) -> dict[str, float]:
+    """The seconds of each module in a `module<TAB>seconds...` table; {} where there is none
+    (a first run) or it cannot be read."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    seconds: dict[str, float] = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        try:
+            seconds[fields[0]] = float(fields[1])
+        except (IndexError, ValueError):  # the header, or a line cut short
+            continue
+    return seconds
+
+
+def longest_first(items: Sequence[Item], seconds: Mapping[str, float]) -> list[Item]:
+    """`items` with their modules longest first by `seconds` (a module with none first of
+    all; with no seconds at all, the modules with the most tests first); a module's tests
+    keep their order, and so do modules that tie."""
+    modules: dict[str, list[Item]] = {}
+    for item in items:
+        modules.setdefault(module_of(item.nodeid), []).append(item)
+
+    def weight(module: str) -> float:
+        if not seconds:
+            return float(len(modules[module]))
+        return seconds.get(module, float("inf"))
+
+    ordered = sorted(modules, key=lambda m: -weight(m))
+    return [item for module in ordered for item in modules[module]]

@@ -22,9 +22,11 @@ machine the tests that compute would starve, so there the lanes run on one proce
 `kind b` is not made. A lane's tests that need a later build (`pytest.mark.build`) run once
 that build is done: after the lane's first pytest while it is being built, or in that pytest
 when it was built before the lane started. With warm caches (every build's output in the
-cache: each build a look at it) kind goes beside the other builds instead of before them,
-and the host and local lanes wait the few seconds for the builds their late tests need, so
-every lane runs in one pytest. With PYTEST ARGS, the builds run first and then one pytest
+cache: each build a look at it) kind and kind b go beside the other builds instead of before
+them, and the host and local lanes wait the few seconds for the builds their late tests need, so
+every lane runs in one pytest. Each run keeps its modules' seconds in the cache
+(`test-durations.tsv`), and the next run's lanes start their longest modules first
+(e2e/lanes.py). With PYTEST ARGS, the builds run first and then one pytest
 with those arguments, as a developer asks for.
 
 Every stage has a budget, cold (its caches empty) and warm; a stage that took longer than
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+from e2e import lanes
 from e2e.local.paths import REPO_ROOT
 
 PYTHON = sys.executable
@@ -165,8 +168,9 @@ def pytest_stage(name: str, lane: str | None, builds: str | None, needs: tuple[s
     argv = [PYTHON, "-m", "pytest", *LANE_ARGS]
     if workers > 1:
         # pytest-xdist: the lane's tests on `workers` processes, each with its own session
-        # cluster, a module's tests on one of them (e2e/lanes.py).
-        argv += ["-n", str(workers), "--dist", "loadfile"]
+        # cluster, a module's tests on one of them, the modules handed out in the order the
+        # lane collects them: longest first (e2e/lanes.py).
+        argv += ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
     if lane is not None:
         argv += ["--lane", lane]
     if builds is not None:
@@ -262,13 +266,15 @@ def builds(workers: int = 1, warm: bool = False) -> list[Stage]:
     (only the kind lane waits for it). With warm caches every build but kind's is a look at
     its cache: kind then goes beside them rather than before, so Flux, Prometheus, the
     registry and Argo CD are there when the lanes start and each lane runs in one pytest."""
+    after_kind = "llama-server" if warm else "kind"
     second = [
         # The second cluster for the kind lane's second worker: its node image and the
         # project's images are built already, so it costs a cluster's start and a load.
-        build("kind b", "e2e/kind/up-second.sh", Budget(420, 150), ("kind",),
+        # With warm caches both clusters are only looked at, side by side (each up.sh
+        # builds nothing and loads only what changed; docker-engine.sh starts one dockerd).
+        build("kind b", "e2e/kind/up-second.sh", Budget(420, 150), (after_kind,),
               warm_marker="reusing it", exports="MODELPOOL_KIND_KUBECONFIG"),
     ] if workers > 1 else []
-    after_kind = "llama-server" if warm else "kind"
     return [
         build("control plane", "e2e/build-control-plane.sh", Budget(540, 10), ()),
         build("llama-server", "e2e/llama/build-llama-server.sh", Budget(660, 10),
@@ -320,7 +326,7 @@ def plan(pytest_args: Sequence[str], workers: int = 1, warm: bool = False) -> li
                      Budget(180, 180), after=("local tests",)),
         # On two workers, two clusters: 12 min 22 s with the tests needing builds, beside the
         # local lane on two cores (2026-12-07 09:45); 13 min 19 s and 3 min 26 s on one.
-        pytest_stage("kind tests", "kind", "none", ("kind b",) if two else ("kind",),
+        pytest_stage("kind tests", "kind", "none", ("kind", "kind b") if two else ("kind",),
                      Budget(660, 660) if two else Budget(840, 840), workers=workers,
                      absorbs="kind tests needing builds"),
         pytest_stage("kind tests needing builds", "kind", "only",
@@ -399,7 +405,8 @@ class Run:
         if code == 0:
             outcome.state = "passed"
             if stage.exports:
-                self.exported[stage.exports] = outcome.last_line
+                self.exported[stage.exports] = joined(self.exported.get(stage.exports, ""),
+                                                      outcome.last_line)
         else:
             outcome.state = "failed"
             outcome.detail = outcome.detail or f"exit {code}"
@@ -461,6 +468,14 @@ class Run:
             "module\tseconds\ttests\n"
             + "".join(f"{m}\t{t:.1f}\t{n}\n" for m, t, n in rows))
         return [f"{t:7.1f}s {n:4d} tests  {m}" for m, t, n in rows[:count]]
+
+    def keep_durations(self, table: Path) -> None:
+        """This run's seconds of each module into `table` (e2e/lanes.py orders the next
+        run's modules by it); a module this run did not time keeps its last seconds."""
+        reports = [p.read_text(errors="replace") for s in self.stages
+                   if s.own_basetemp and (p := self.report_path(s.name)).exists()]
+        write_durations(table, {**lanes.read_durations(table),
+                                **{m: t for m, t, _ in module_times(reports)}})
 
     def log_of(self, name: str) -> str:
         path = self.log_path(name)
@@ -557,6 +572,25 @@ def module_times(reports: Sequence[str]) -> list[tuple[str, float, int]]:
     return sorted(((m, seconds[m], tests[m]) for m in seconds), key=lambda r: -r[1])
 
 
+def joined(paths: str, more: str) -> str:
+    """`paths` and `more`, lists of paths joined by ':' as KUBECONFIG is, as one: each path
+    once, where it first came (kind and kind b may end in either order: both name the
+    first cluster first)."""
+    seen = [p for p in paths.split(os.pathsep) if p]
+    seen += [p for p in more.split(os.pathsep) if p and p not in seen]
+    return os.pathsep.join(seen)
+
+
+def write_durations(table: Path, seconds: Mapping[str, float]) -> None:
+    """`seconds` as the table e2e/lanes.py reads, longest first; written whole or not at
+    all (a lane collecting while it is written reads the old one)."""
+    table.parent.mkdir(parents=True, exist_ok=True)
+    partial = table.with_name(table.name + ".partial")
+    partial.write_text("module\tseconds\n" + "".join(
+        f"{m}\t{t:.1f}\n" for m, t in sorted(seconds.items(), key=lambda r: -r[1])))
+    partial.replace(table)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m e2e.stages [PYTEST ARGS]`; MODELPOOL_TEST_LOGS names the log folder
     (default: a new temporary one)."""
@@ -569,6 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     env.setdefault("MODELPOOL_E2E_TESTBED", "kind")
     warm = caches_warm(env)
     workers = lane_workers(env, warm=warm)
+    durations = Path(env.setdefault(lanes.DURATIONS,
+                                    str(cache_root(env) / "test-durations.tsv")))
     run = Run(plan(pytest_args, workers, warm), log_dir, env)
     run.say(f"logs in {log_dir}; the testbeds' lanes on {workers} worker(s) each"
             f" (MODELPOOL_TEST_WORKERS; caches {'warm' if warm else 'cold'})")
@@ -581,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             run.say("every collected test ran in one lane")
     if not pytest_args:
+        run.keep_durations(durations)
         run.say("slowest test modules (every one in modules.tsv in the log folder):")
         for row in run.slowest_modules():
             run.say(row)

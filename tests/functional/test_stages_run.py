@@ -45,6 +45,29 @@ def test_stages_wait_for_what_they_need_and_pass_on_its_last_line(tmp_path: Path
     assert not done.outcomes["build"].warm
 
 
+@pytest.mark.parametrize("second_first", [False, True])
+def test_two_clusters_side_by_side_name_both_to_the_lane_whichever_ends_first(
+        tmp_path: Path, second_first: bool) -> None:
+    """kind prints its kubeconfig, kind b both (the first first): the lane that needs them
+    gets both, in that order, whichever ended last."""
+    one, two = tmp_path / "one-done", tmp_path / "two-done"
+    lane = tmp_path / "lane"
+    # the one that ends second waits for the other to have ended
+    first_waits = f"for i in $(seq 300); do [[ -e {two} ]] && break; sleep 0.1; done; " \
+        if second_first else ""
+    second_waits = "" if second_first else \
+        f"for i in $(seq 300); do [[ -e {one} ]] && break; sleep 0.1; done; "
+    passed, _ = run(
+        tmp_path,
+        sh("kind", f"{first_waits}echo /a.kubeconfig; touch {one}", exports="KUBECONFIGS"),
+        sh("kind b", f"{second_waits}echo /a.kubeconfig:/b.kubeconfig; touch {two}",
+           exports="KUBECONFIGS"),
+        sh("lane", f'echo "$KUBECONFIGS" >{lane}', "kind", "kind b"),
+    )
+    assert passed
+    assert lane.read_text().strip() == "/a.kubeconfig:/b.kubeconfig"
+
+
 def test_independent_stages_run_side_by_side(tmp_path: Path) -> None:
     """Each waits for a file the other writes: only together can both finish."""
     a, b = tmp_path / "a", tmp_path / "b"

@@ -105,12 +105,15 @@ def test_the_testbeds_lanes_run_on_two_workers_a_module_on_one() -> None:
     two = ("local tests", "kind tests")
     for stage in stages.plan([], workers=2):
         if stage.name in two:
-            assert "-n 2 --dist loadfile" in " ".join(stage.argv), stage.name
+            # in the order the lane collects its modules (longest first), not xdist's own
+            assert "-n 2 --dist loadfile --no-loadscope-reorder" in " ".join(stage.argv), \
+                stage.name
         elif stage.quiet:
             assert "-n" not in stage.argv, stage.name
     kind = next(s for s in stages.plan([], workers=2) if s.name == "kind tests")
-    assert kind.needs == ("kind b",)
+    assert kind.needs == ("kind", "kind b")
     # the second cluster is made beside the builds after kind: only the kind lane waits
+    assert next(s for s in stages.plan([], workers=2) if s.name == "kind b").needs == ("kind",)
     assert next(s for s in stages.plan([], workers=2) if s.name == "flux").needs == ("kind",)
 
 
@@ -119,10 +122,11 @@ def test_with_warm_caches_kind_goes_beside_the_builds_and_each_lane_waits_for_it
     warm = {s.name: s for s in stages.plan([], workers=2, warm=True)}
     assert warm["flux"].needs == ("llama-server",)
     assert warm["kind"].needs == ("llama-server",)
-    assert warm["kind b"].needs == ("kind",)
+    # both clusters only looked at, side by side; the kind lane waits for both
+    assert warm["kind b"].needs == ("llama-server",)
     assert warm["local tests"].needs == ("argocd",)
     assert warm["host tests"].needs == ("llama-server",)
-    assert warm["kind tests"].needs == ("kind b",)
+    assert warm["kind tests"].needs == ("kind", "kind b")
     cold = {s.name: s for s in stages.plan([], workers=1)}
     assert cold["flux"].needs == ("kind",)
     assert cold["local tests"].needs == ("control plane",)
@@ -179,3 +183,57 @@ def test_the_caches_are_warm_with_every_build_and_a_kind_cluster(tmp_path: Path)
 def test_a_worker_count_other_than_one_or_two_is_refused() -> None:
     with pytest.raises(ValueError, match="MODELPOOL_TEST_WORKERS='3'"):
         stages.lane_workers({"MODELPOOL_TEST_WORKERS": "3"}, 2)
+
+
+@dataclass
+class Collected:
+    nodeid: str
+
+
+def collected(*nodeids: str) -> list[Collected]:
+    return [Collected(n) for n in nodeids]
+
+
+def ids(items: list[Collected]) -> list[str]:
+    return [i.nodeid for i in items]
+
+
+def test_a_lane_collects_its_modules_longest_first_by_their_last_seconds() -> None:
+    items = collected("e2e/tests/test_a.py::t1", "e2e/tests/test_a.py::t2",
+                      "e2e/kind_tests/test_flux.py::t", "e2e/tests/test_b.py::t",
+                      "e2e/kind_tests/test_c.py::T::t1", "e2e/kind_tests/test_c.py::T::t2")
+    seconds = {"e2e.tests.test_a": 30.0, "e2e.kind_tests.test_flux": 140.0,
+               "e2e.tests.test_b": 30.0, "e2e.kind_tests.test_c": 60.0, "gone": 999.0}
+    assert ids(lanes.longest_first(items, seconds)) == [  # type: ignore[type-var]
+        "e2e/kind_tests/test_flux.py::t",
+        "e2e/kind_tests/test_c.py::T::t1", "e2e/kind_tests/test_c.py::T::t2",
+        # a tie keeps the order collected; a module's tests keep theirs
+        "e2e/tests/test_a.py::t1", "e2e/tests/test_a.py::t2",
+        "e2e/tests/test_b.py::t",
+    ]
+
+
+def test_a_module_with_no_time_yet_goes_first_and_with_no_times_the_most_tests_do() -> None:
+    items = collected("tests/integration/test_old.py::t",
+                      "tests/integration/test_many.py::t1", "tests/integration/test_many.py::t2",
+                      "tests/integration/test_new.py::t")
+    seconds = {"tests.integration.test_old": 5.0, "tests.integration.test_many": 1.0}
+    assert ids(lanes.longest_first(items, seconds)) == [  # type: ignore[type-var]
+        "tests/integration/test_new.py::t", "tests/integration/test_old.py::t",
+        "tests/integration/test_many.py::t1", "tests/integration/test_many.py::t2"]
+    assert ids(lanes.longest_first(items, {})) == [  # type: ignore[type-var]
+        "tests/integration/test_many.py::t1", "tests/integration/test_many.py::t2",
+        "tests/integration/test_old.py::t", "tests/integration/test_new.py::t"]
+
+
+def test_the_durations_table_is_read_as_the_run_wrote_it_and_a_missing_one_is_empty(
+        tmp_path: Path) -> None:
+    table = tmp_path / "cache" / "test-durations.tsv"
+    assert lanes.read_durations(table) == {}
+    stages.write_durations(table, {"tests.unit.test_swap": 0.25, "e2e.kind_tests.test_flux": 147.5})
+    assert table.read_text().splitlines()[:2] == ["module\tseconds",
+                                                  "e2e.kind_tests.test_flux\t147.5"]
+    assert lanes.read_durations(table) == {"tests.unit.test_swap": 0.2,
+                                           "e2e.kind_tests.test_flux": 147.5}
+    table.write_text("module\tseconds\ne2e.tests.test_a\t3.0\ncut short\n")
+    assert lanes.read_durations(table) == {"e2e.tests.test_a": 3.0}

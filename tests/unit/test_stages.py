@@ -156,3 +156,14 @@ def test_module_times_add_up_each_modules_tests_over_every_lane_slowest_first() 
         ("tests.unit.test_swap", 3.5, 2),
         ("tests.unit.test_apis", 0.75, 2),
     ]
+
+
+@pytest.mark.parametrize(("paths", "more", "both"), [
+    ("", "/a", "/a"),
+    ("/a", "/a:/b", "/a:/b"),
+    ("/a:/b", "/a", "/a:/b"),
+    ("/a", "/b", "/a:/b"),
+])
+def test_a_variable_two_stages_export_names_each_path_once_where_it_first_came(
+        paths: str, more: str, both: str) -> None:
+    assert stages.joined(paths, more) == both
