@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -419,9 +420,10 @@ class Run:
     async def _execute(self, stage: Stage, env: Mapping[str, str], log_path: Path,
                        outcome: Outcome) -> int:
         argv = stage.argv
+        basetemp = None
         if stage.own_basetemp:
-            argv = (*argv, f"--basetemp={tempfile.mkdtemp(prefix='mp')}",
-                    f"--junitxml={self.report_path(stage.name)}")
+            basetemp = tempfile.mkdtemp(prefix="mp")
+            argv = (*argv, f"--basetemp={basetemp}", f"--junitxml={self.report_path(stage.name)}")
         if stage.nice:
             argv = ("nice", "-n", str(stage.nice), *argv)
         with log_path.open("w") as log:
@@ -434,12 +436,17 @@ class Run:
                 await asyncio.gather(
                     self._pump(stage, process.stdout, log, outcome, stdout=True),
                     self._pump(stage, process.stderr, log, outcome, stdout=False))
-                return await process.wait()
+                code = await process.wait()
             finally:
                 if process.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(process.pid, 15)
                     await process.wait()
+        if basetemp is not None and code == 0:
+            # A lane's temporary files (models, clusters' data: 100 MB and more) go with it;
+            # a failed lane's stay for whoever looks into the failure.
+            await asyncio.to_thread(shutil.rmtree, basetemp, ignore_errors=True)
+        return code
 
     async def _pump(self, stage: Stage, stream: asyncio.StreamReader, log: TextIO,
                     outcome: Outcome, *, stdout: bool) -> None:
@@ -572,6 +579,19 @@ def module_times(reports: Sequence[str]) -> list[tuple[str, float, int]]:
     return sorted(((m, seconds[m], tests[m]) for m in seconds), key=lambda r: -r[1])
 
 
+# Free space a run wants where it writes: a clean clone's lanes write some 2 GB of temporary
+# files and images, a cold run's builds some 20 GB into the cache.
+FREE_WANTED = 8 << 30
+
+
+def disk_warnings(free: Mapping[str, int], wanted: int = FREE_WANTED) -> list[str]:
+    """A warning for each folder in `free` (its free bytes) with less than `wanted`: a full
+    disk fails tests far from where the space went."""
+    return [f"WARNING: {folder} has {space / (1 << 30):.1f} GiB free (a run wants "
+            f"{wanted >> 30} GiB): tests that write there will fail"
+            for folder, space in free.items() if space < wanted]
+
+
 def joined(paths: str, more: str) -> str:
     """`paths` and `more`, lists of paths joined by ':' as KUBECONFIG is, as one: each path
     once, where it first came (kind and kind b may end in either order: both name the
@@ -608,6 +628,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = Run(plan(pytest_args, workers, warm), log_dir, env)
     run.say(f"logs in {log_dir}; the testbeds' lanes on {workers} worker(s) each"
             f" (MODELPOOL_TEST_WORKERS; caches {'warm' if warm else 'cold'})")
+    folders = {tempfile.gettempdir(), str(cache_root(env))}
+    for warning in disk_warnings({f: shutil.disk_usage(f).free for f in folders
+                                  if Path(f).is_dir()}):
+        run.say(warning)
     passed = asyncio.run(run.go())
     if passed and not pytest_args:
         gap = run.lanes_cover_the_suite()

@@ -5,6 +5,7 @@ after it, and a stage's warm marker picks its budget."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,18 @@ def test_a_lane_leaves_the_tests_needing_a_build_to_run_after_it_while_it_builds
         "kind tests: --lane kind --builds none",
         "kind tests needing builds: --lane kind --builds only"]
     assert [o.state for o in done.outcomes.values()] == ["passed"] * 3
+
+
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_a_lanes_temporary_folder_goes_when_it_passed_and_stays_when_it_failed(
+        tmp_path: Path, exit_code: int) -> None:
+    # a lane's argv ends in --basetemp=FOLDER --junitxml=FILE: $1 and $2 here
+    script = ('folder="${1#--basetemp=}"; mkdir -p "$folder/sub"; touch "$folder/sub/model";'
+              f' echo "$folder"; exit {exit_code}')
+    lane = Stage("lane", ("bash", "-c", script, "lane"), ROOMY, (), own_basetemp=True)
+    passed, done = run(tmp_path, lane)
+    assert passed == (exit_code == 0)
+    folder = Path(done.outcomes["lane"].last_line)
+    assert folder.name.startswith("mp")
+    assert folder.exists() == (exit_code != 0)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -167,3 +167,10 @@ def test_module_times_add_up_each_modules_tests_over_every_lane_slowest_first() 
 def test_a_variable_two_stages_export_names_each_path_once_where_it_first_came(
         paths: str, more: str, both: str) -> None:
     assert stages.joined(paths, more) == both
+
+
+def test_a_folder_short_of_space_is_named_before_the_run_fills_it() -> None:
+    gib = 1 << 30
+    assert stages.disk_warnings({"/tmp": 20 * gib, "/cache": 9 * gib}) == []
+    (warning,) = stages.disk_warnings({"/tmp": 94 * (1 << 20), "/cache": 9 * gib})
+    assert warning.startswith("WARNING: /tmp has 0.1 GiB free (a run wants 8 GiB)")
