@@ -31,6 +31,12 @@ version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | sed -n 
 
 log() { printf '[kind-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# Two clusters come up side by side (e2e/stages.py): their images are built one at a time
+# (the product's build writes dist/wheels in the checkout), then each loads its own.
+mkdir -p "$CACHE/kind"
+exec 8>"$CACHE/kind/build-images.lock"
+flock 8
+
 base="$(bash "$here/base-image.sh" | tail -n 1)"
 
 # Wheels of the runtime dependencies, at the versions this checkout's venv runs.
@@ -182,6 +188,9 @@ DOCKERFILE
   log "$KUBE_ROUTER_IMAGE built on $base"
 }
 build_kube_router
+
+flock -u 8
+exec 8>&-
 
 # One load per image, each with all its tags: `kind load` saves every image it is given
 # whenever one of them is missing from a node, so a load of them all would copy the

@@ -74,3 +74,28 @@ def test_no_pipeline_under_pipefail_ends_in_a_reader_that_stops_early() -> None:
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if not line.lstrip().startswith("#") and STOPS_EARLY.search(line)]
     assert not found, "\n".join(found)
+
+
+def line_of(text: list[str], pattern: str) -> int:
+    (index,) = [i for i, line in enumerate(text) if re.match(pattern, line)]
+    return index
+
+
+def test_two_clusters_side_by_side_build_their_images_one_at_a_time() -> None:
+    """kind and kind b come up at once (e2e/stages.py); the product's image build rewrites
+    dist/wheels in the checkout, so a second build beside it copies half a folder of wheels
+    (`No matching distribution found for kr8s`). The builds hold a lock; the loads do not."""
+    text = (KIND / "build-and-load.sh").read_text().splitlines()
+    taken = line_of(text, r"flock 8$")
+    assert taken < line_of(text, r"base=\"\$\(bash") < line_of(text, r"build_product$")
+    released = line_of(text, r"flock -u 8$")
+    assert line_of(text, r"build_kube_router$") < released < line_of(text, r"load\(\) \{")
+    assert line_of(text, r"exec 8>&-$") == released + 1
+
+
+def test_one_dockerd_starts_when_two_clusters_come_up_at_once() -> None:
+    text = (KIND / "docker-engine.sh").read_text().splitlines()
+    taken = line_of(text, r"flock 9$")
+    assert taken < line_of(text, r"nohup dockerd ")
+    # dockerd lives on: the lock's descriptor is not passed to it
+    assert "9>&-" in text[line_of(text, r"nohup dockerd ")]
