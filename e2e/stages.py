@@ -478,11 +478,15 @@ class Run:
 
     def keep_durations(self, table: Path) -> None:
         """This run's seconds of each module into `table` (e2e/lanes.py orders the next
-        run's modules by it); a module this run did not time keeps its last seconds."""
+        run's modules by it); a module this run did not time keeps its last seconds. A
+        table that cannot be written is said, and the run's verdict stands."""
         reports = [p.read_text(errors="replace") for s in self.stages
                    if s.own_basetemp and (p := self.report_path(s.name)).exists()]
-        write_durations(table, {**lanes.read_durations(table),
-                                **{m: t for m, t, _ in module_times(reports)}})
+        try:
+            write_durations(table, {**lanes.read_durations(table),
+                                    **{m: t for m, t, _ in module_times(reports)}})
+        except OSError as e:
+            self.say(f"WARNING: the modules' seconds were not kept in {table}: {e}")
 
     def log_of(self, name: str) -> str:
         path = self.log_path(name)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e import lanes, stages
 from e2e.stages import Budget, Run, Stage
 
 pytestmark = pytest.mark.functional
@@ -183,3 +184,21 @@ def test_a_lanes_temporary_folder_goes_when_it_passed_and_stays_when_it_failed(
     assert folder.name.startswith("mp")
     assert folder.exists() == (exit_code != 0)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_modules_seconds_are_kept_for_the_next_run_and_a_table_that_cannot_be_is_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = ('<testsuites><testsuite name="pytest">'
+              '<testcase classname="e2e.kind_tests.test_flux" name="t" time="140.0" />'
+              '</testsuite></testsuites>')
+    lane = Stage("kind tests", ("bash", "-c", f"cat >\"${{2#--junitxml=}}\" <<'X'\n{report}\nX",
+                                "lane"), ROOMY, (), own_basetemp=True)
+    passed, done = run(tmp_path, lane)
+    assert passed
+    table = tmp_path / "cache" / "test-durations.tsv"
+    stages.write_durations(table, {"e2e.tests.test_gone": 5.0, "e2e.kind_tests.test_flux": 1.0})
+    done.keep_durations(table)
+    assert lanes.read_durations(table) == {"e2e.kind_tests.test_flux": 140.0,
+                                           "e2e.tests.test_gone": 5.0}
+    done.keep_durations(tmp_path / "cache" / "test-durations.tsv" / "not-a-folder")
+    assert "WARNING: the modules' seconds were not kept in" in capsys.readouterr().err
