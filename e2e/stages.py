@@ -465,26 +465,28 @@ class Run:
         """A pytest lane's JUnit XML report: every test's time, setup and teardown included."""
         return self.log_path(name).with_suffix(".xml")
 
-    def slowest_modules(self, count: int = 15) -> list[str]:
-        """The test modules that took longest over every lane, written in full to
-        `modules.tsv` in the log folder."""
+    def module_times(self) -> list[tuple[str, float, int]]:
+        """(module, seconds, tests) over every lane's JUnit report, slowest first."""
         reports = [p.read_text(errors="replace") for s in self.stages
                    if s.own_basetemp and (p := self.report_path(s.name)).exists()]
-        rows = module_times(reports)
+        return module_times(reports)
+
+    def slowest_modules(self, rows: Sequence[tuple[str, float, int]],
+                        count: int = 15) -> list[str]:
+        """The `count` test modules of `rows` that took longest over every lane, written
+        in full to `modules.tsv` in the log folder."""
         (self.log_dir / "modules.tsv").write_text(
             "module\tseconds\ttests\n"
             + "".join(f"{m}\t{t:.1f}\t{n}\n" for m, t, n in rows))
         return [f"{t:7.1f}s {n:4d} tests  {m}" for m, t, n in rows[:count]]
 
-    def keep_durations(self, table: Path) -> None:
-        """This run's seconds of each module into `table` (e2e/lanes.py orders the next
-        run's modules by it); a module this run did not time keeps its last seconds. A
+    def keep_durations(self, table: Path, rows: Sequence[tuple[str, float, int]]) -> None:
+        """This run's seconds of each module (`rows`) into `table` (e2e/lanes.py orders the
+        next run's modules by it); a module this run did not time keeps its last seconds. A
         table that cannot be written is said, and the run's verdict stands."""
-        reports = [p.read_text(errors="replace") for s in self.stages
-                   if s.own_basetemp and (p := self.report_path(s.name)).exists()]
         try:
             write_durations(table, {**lanes.read_durations(table),
-                                    **{m: t for m, t, _ in module_times(reports)}})
+                                    **{m: t for m, t, _ in rows}})
         except OSError as e:
             self.say(f"WARNING: the modules' seconds were not kept in {table}: {e}")
 
@@ -645,9 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             run.say("every collected test ran in one lane")
     if not pytest_args:
-        run.keep_durations(durations)
+        rows = run.module_times()
+        run.keep_durations(durations, rows)
         run.say("slowest test modules (every one in modules.tsv in the log folder):")
-        for row in run.slowest_modules():
+        for row in run.slowest_modules(rows):
             run.say(row)
     for row in run.summary():
         run.say(row)

@@ -197,8 +197,9 @@ def test_the_modules_seconds_are_kept_for_the_next_run_and_a_table_that_cannot_b
     assert passed
     table = tmp_path / "cache" / "test-durations.tsv"
     stages.write_durations(table, {"e2e.tests.test_gone": 5.0, "e2e.kind_tests.test_flux": 1.0})
-    done.keep_durations(table)
+    done.keep_durations(table, done.module_times())
     assert lanes.read_durations(table) == {"e2e.kind_tests.test_flux": 140.0,
                                            "e2e.tests.test_gone": 5.0}
-    done.keep_durations(tmp_path / "cache" / "test-durations.tsv" / "not-a-folder")
+    done.keep_durations(tmp_path / "cache" / "test-durations.tsv" / "not-a-folder",
+                        done.module_times())
     assert "WARNING: the modules' seconds were not kept in" in capsys.readouterr().err
